@@ -1,0 +1,48 @@
+/*
+ * sdp.h - public interface of libsdp for applications that want to look at
+ * or tune the Sockets Direct Protocol under an unmodified socket API.
+ *
+ * Nothing here is needed to run an application over SDP: `sdp run -- CMD`
+ * is enough. These socket options let a program (or a test) ask whether a
+ * stream socket really travels over SDP and tune it per socket. All options
+ * live at level SOL_TCP (IPPROTO_TCP). On a kernel TCP socket without libsdp
+ * loaded they fail with ENOPROTOOPT, exactly as unknown TCP options do.
+ */
+#ifndef SDP_H
+#define SDP_H
+
+#include <stdint.h>
+
+/* getsockopt, int: 1 if the socket's stream travels over SDP, 0 if it is
+ * plain TCP (never SDP, or fallen back). */
+#define SDP_TRANSPORT        0x5D00
+
+/* get/setsockopt, int: Zero Copy threshold in bytes for this socket.
+ * Sends/receives of at least this many bytes may use Read/Write Zero Copy;
+ * 0 turns zero copy off for the socket. */
+#define SDP_ZCOPY_THRESH     0x5D01
+
+/* getsockopt, struct sdp_sock_stats: the socket's counters. */
+#define SDP_STATS            0x5D02
+
+/* get/setsockopt, int: microseconds to busy-poll before blocking. */
+#define SDP_SPIN_US          0x5D03
+
+struct sdp_sock_stats {
+	uint64_t tx_bytes;        /* stream bytes sent over SDP (any path) */
+	uint64_t rx_bytes;        /* stream bytes received over SDP */
+	uint64_t tx_msgs;         /* SDP messages posted (all kinds) */
+	uint64_t rx_msgs;         /* SDP messages consumed (all kinds) */
+	uint64_t tx_bcopy_bytes;  /* bytes sent by Buffer Copy */
+	uint64_t tx_rzcopy_bytes; /* bytes sent by Read Zero Copy (peer pulled) */
+	uint64_t tx_wzcopy_bytes; /* bytes sent by Write Zero Copy (we pushed) */
+	uint64_t rx_bcopy_bytes;
+	uint64_t rx_rzcopy_bytes;
+	uint64_t rx_wzcopy_bytes;
+	uint64_t doorbells_tx;    /* wake-ups sent to a sleeping peer */
+	uint64_t doorbells_rx;
+	uint32_t credits;         /* send credits (peer receive buffers) now */
+	uint32_t transport;       /* 1 = SDP, 0 = TCP */
+};
+
+#endif /* SDP_H */

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs every Debian package and Python module the project, its tests and
+# its benchmarks need. Idempotent and quick when everything is present.
+set -euo pipefail
+
+DEB_PKGS=(build-essential cmake pkg-config iproute2 ethtool procps psmisc
+          iperf3 redis-server redis-tools nginx-light memcached libmemcached-tools
+          curl wrk sockperf netcat-openbsd python3)
+PY_MODS=(pytest matplotlib)
+
+missing=()
+for p in "${DEB_PKGS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+    echo "install-deps: installing ${missing[*]}"
+    SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+    export DEBIAN_FRONTEND=noninteractive
+    $SUDO apt-get update -qq
+    # Services must not start on their own: the tests start their own instances.
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    $SUDO rm -f /usr/sbin/policy-rc.d
+fi
+
+PY=${PYTHON:-python3}
+for m in "${PY_MODS[@]}"; do
+    "$PY" -c "import $m" 2>/dev/null || "$PY" -m pip install -q "$m"
+done
+exit 0
