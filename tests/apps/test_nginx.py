@@ -1,0 +1,228 @@
+"""nginx (master + 2 workers) under `sdp run`, with curl and wrk as clients
+under `sdp run`.
+
+Files of random bytes are downloaded with curl and compared by SHA-256, once
+with `sendfile off` (read + write) and once with `sendfile on` (what most real
+configurations use). wrk then loads one server for 10 s; no socket error and no
+non-2xx response is accepted, and both worker processes must have served
+requests over SDP. The access log records the worker pid of every request, so
+the worker spread is checked in TCP mode too."""
+
+import hashlib
+import os
+import re
+import time
+
+import pytest
+
+SIZES = {"1k": 1 << 10, "64k": 64 << 10, "1m": 1 << 20, "16m": 16 << 20, "64m": 64 << 20}
+WORKERS = 2
+WRK_SECONDS = 10
+WRK_CONNS = 100
+WRK_THREADS = 2
+WRK_FILE = "64k"
+
+
+@pytest.fixture(scope="module")
+def www(tmp_path_factory):
+    d = tmp_path_factory.mktemp("www")
+    digests = {}
+    for name, size in SIZES.items():
+        data = os.urandom(size)
+        (d / f"{name}.bin").write_bytes(data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    return d, digests
+
+
+def _nginx_conf(prefix, port, root, sendfile):
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    t = prefix / "tmp"
+    return f"""{user}worker_processes {WORKERS};
+daemon off;
+master_process on;
+pid {prefix}/nginx.pid;
+error_log {prefix}/error.log info;
+events {{
+    worker_connections 4096;
+}}
+http {{
+    log_format sdp '$pid $connection $connection_requests $status $body_bytes_sent $request_uri';
+    access_log {prefix}/access.log sdp;
+    client_body_temp_path {t}/body;
+    proxy_temp_path {t}/proxy;
+    fastcgi_temp_path {t}/fastcgi;
+    uwsgi_temp_path {t}/uwsgi;
+    scgi_temp_path {t}/scgi;
+    default_type application/octet-stream;
+    sendfile {sendfile};
+    keepalive_timeout 65;
+    keepalive_requests 1000000;
+    server {{
+        listen 127.0.0.1:{port};
+        root {root};
+        location / {{ }}
+    }}
+}}
+"""
+
+
+class Nginx:
+    def __init__(self, proc, port, prefix):
+        self.proc, self.port, self.prefix = proc, port, prefix
+
+    def master_and_workers(self, kit):
+        nginx = [p for p in self.proc.pids() if kit.comm_of(p) == "nginx"]
+        workers = [p for p in nginx if kit.comm_of(_ppid(p)) == "nginx"]
+        masters = [p for p in nginx if p not in workers]
+        return masters, workers
+
+    def access_log(self):
+        path = self.prefix / "access.log"
+        rows = []
+        if path.exists():
+            for line in path.read_text().splitlines():
+                f = line.split()
+                if len(f) == 6:
+                    rows.append(dict(pid=int(f[0]), conn=int(f[1]), status=int(f[3]),
+                                     bytes=int(f[4]), uri=f[5]))
+        return rows
+
+
+def _ppid(pid):
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+        return int(stat[stat.rfind(")") + 2:].split()[1])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+@pytest.fixture(scope="module")
+def nginx_server(sdp, module_procs, kit, tmp_path_factory, www):
+    """nginx_server(sendfile) -> Nginx, one server per setting, started once."""
+    kit.require_bins("nginx", "curl", "wrk")
+    root, _ = www
+    servers = {}
+
+    def get(sendfile):
+        if sendfile in servers:
+            return servers[sendfile]
+        prefix = tmp_path_factory.mktemp(f"nginx-sendfile-{sendfile}")
+        (prefix / "tmp").mkdir()
+        port = kit.free_port()
+        conf = prefix / "nginx.conf"
+        conf.write_text(_nginx_conf(prefix, port, root, sendfile))
+        proc = module_procs.start(
+            sdp.wrap(["nginx", "-p", prefix, "-c", conf, "-e", prefix / "error.log"]),
+            name=f"nginx-sendfile-{sendfile}", env=sdp.env())
+        kit.wait_port(port, proc)
+        srv = Nginx(proc, port, prefix)
+        deadline = time.monotonic() + 20
+        while True:
+            masters, workers = srv.master_and_workers(kit)
+            if len(masters) == 1 and len(workers) == WORKERS:
+                break
+            if time.monotonic() > deadline:
+                pytest.fail(f"nginx: expected 1 master and {WORKERS} workers, found "
+                            f"{masters} / {workers}\n{proc.log_tail()}", pytrace=False)
+            time.sleep(0.05)
+        srv.master, srv.workers = masters[0], workers
+        servers[sendfile] = srv
+        return srv
+
+    return get
+
+
+@pytest.mark.parametrize("sendfile", ["off", "on"])
+@pytest.mark.parametrize("name", list(SIZES))
+def test_nginx_curl_download(name, sendfile, nginx_server, www, sdp, kit, tmp_path):
+    srv = nginx_server(sendfile)
+    _, digests = www
+    size = SIZES[name]
+    if sdp.enabled:
+        before = sdp.server_stats(srv.proc)
+    stats_dir = sdp.new_stats_dir("curl")
+    out = tmp_path / "download.bin"
+    res = kit.run_cmd(sdp.wrap(["curl", "-sS", "--fail", "--max-time", "60", "-o", out,
+                                "-w", "%{http_code} %{size_download}",
+                                f"http://127.0.0.1:{srv.port}/{name}.bin"]),
+                      timeout=90, env=sdp.env(stats_dir))
+    assert res.stdout.split() == ["200", str(size)], res.describe()
+    data = out.read_bytes()
+    assert len(data) == size, f"downloaded {len(data)} bytes of {size}"
+    assert hashlib.sha256(data).hexdigest() == digests[name], \
+        f"{name}.bin: downloaded bytes differ from the file (sendfile {sendfile})"
+
+    if not sdp.enabled:
+        return
+    cl = sdp.client_stats(stats_dir, "curl")
+    assert cl["sdp_conns"] >= 1 and cl["tcp_conns"] == 0, f"curl: {cl}"
+    kit.assert_bytes_between("curl SDP rx_bytes", cl["rx_bytes"], size, kit.slack(size))
+    kit.assert_bytes_between("curl SDP tx_bytes", cl["tx_bytes"], 40, 64 << 10)
+    d = kit.delta(sdp.server_stats(srv.proc), before)
+    assert d["sdp_conns"] >= 1, f"nginx SDP conns delta {d}"
+    kit.assert_bytes_between("nginx SDP tx_bytes delta", d["tx_bytes"], size, kit.slack(size))
+
+
+def _wrk_summary(text):
+    m = re.search(r"(\d+) requests in ([\d.]+)(\w+), ([\d.]+)(\w+) read", text)
+    rps = re.search(r"Requests/sec:\s+([\d.]+)", text)
+    sock = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", text)
+    return dict(
+        requests=int(m.group(1)) if m else None,
+        rps=float(rps.group(1)) if rps else None,
+        socket_errors=[int(x) for x in sock.groups()] if sock else [0, 0, 0, 0],
+        non2xx=int(non2xx.group(1)) if non2xx else 0,
+    )
+
+
+def test_nginx_wrk(nginx_server, sdp, kit):
+    srv = nginx_server("off")
+    size = SIZES[WRK_FILE]
+    uri = f"/{WRK_FILE}.bin"
+    if sdp.enabled:
+        before = {p: sdp.procs_stats([p]).get(p) for p in srv.workers}
+        missing = [p for p, v in before.items() if v is None]
+        assert not missing, f"sdp stat --procs does not list nginx workers {missing}"
+    log_rows0 = len(srv.access_log())
+    stats_dir = sdp.new_stats_dir("wrk")
+    res = kit.run_cmd(sdp.wrap(["wrk", "-t", WRK_THREADS, "-c", WRK_CONNS,
+                                "-d", f"{WRK_SECONDS}s", "--timeout", "10s",
+                                f"http://127.0.0.1:{srv.port}{uri}"]),
+                      timeout=WRK_SECONDS + 60, env=sdp.env(stats_dir))
+    s = _wrk_summary(res.stdout)
+    assert s["requests"] and s["requests"] > 0, f"wrk summary does not parse\n{res.describe()}"
+    assert s["rps"] and s["rps"] > 0, res.describe()
+    assert s["socket_errors"] == [0, 0, 0, 0], \
+        f"wrk socket errors (connect, read, write, timeout) = {s['socket_errors']}\n{res.stdout}"
+    assert s["non2xx"] == 0, f"wrk: {s['non2xx']} non-2xx/3xx responses\n{res.stdout}"
+
+    # nginx's own account: every request wrk counted was answered 200 in full,
+    # and both workers served some of them
+    time.sleep(0.2)  # access log lines are written after the response
+    rows = [r for r in srv.access_log()[log_rows0:] if r["uri"] == uri]
+    ok = [r for r in rows if r["status"] == 200]
+    bad = [r for r in rows if r["status"] not in (200, 499)]
+    assert not bad, f"nginx logged non-200 responses: {bad[:5]}"
+    assert len(ok) >= s["requests"], f"nginx logged {len(ok)} 200s, wrk counted {s['requests']}"
+    assert all(r["bytes"] == size for r in ok), "nginx sent a short body"
+    by_worker = {p: sum(1 for r in ok if r["pid"] == p) for p in srv.workers}
+    assert all(n > 0 for n in by_worker.values()), \
+        f"not every nginx worker served wrk requests: {by_worker}"
+    assert {r["pid"] for r in rows} <= set(srv.workers), "request logged by an unknown pid"
+
+    if not sdp.enabled:
+        return
+    cl = sdp.client_stats(stats_dir, "wrk")
+    assert cl["sdp_conns"] >= WRK_CONNS, f"wrk: {cl}"
+    assert cl["tcp_conns"] == 0, f"wrk fell back to TCP: {cl}"
+    kit.assert_bytes_between("wrk SDP rx_bytes", cl["rx_bytes"], s["requests"] * size)
+    after = sdp.procs_stats(srv.workers)
+    for p in srv.workers:
+        assert p in after, f"nginx worker {p} vanished from sdp stat --procs"
+        d = kit.delta(after[p], before[p])
+        assert d["sdp_conns"] > 0, \
+            f"nginx worker {p} took no SDP connection during wrk (served {by_worker[p]} " \
+            f"requests): {d}"
+        kit.assert_bytes_between(f"nginx worker {p} SDP tx_bytes delta", d["tx_bytes"],
+                                 by_worker[p] * size)
