@@ -1,0 +1,2 @@
+"""Benchmark suite for SDP (see docs/BENCHMARKS.md)."""
+SCHEMA_VERSION = "sdp-bench/1"

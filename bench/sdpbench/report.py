@@ -1,0 +1,225 @@
+"""results.json, CSV files and report.md."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+
+from .core import Experiment, fmt_size
+from .stats import ratio
+
+BW_RAW = "raw-cma"
+LAT_RAW = "raw-shm"
+
+
+def _fmt(v, digits=3):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        a = abs(v)
+        if a >= 1000:
+            return f"{v:,.0f}"
+        if a >= 100:
+            return f"{v:.1f}"
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def _pval(k, v):
+    if k in ("size", "file_size") and isinstance(v, int):
+        return fmt_size(v)
+    return str(v)
+
+
+def _med(row, metric):
+    m = (row or {}).get("metrics", {}).get(metric)
+    return m["median"] if m else None
+
+
+def raw_limit(rows: list[dict], exp: Experiment, row: dict):
+    """The raw (no socket layer) value this row is compared with: raw-shm
+    latency at the same size, raw-cma bandwidth at the same message size."""
+    size = row["params"].get("size")
+    if size is None:
+        return None
+    if exp.primary in ("p50_us", "mean_us") and exp.name == "latency":
+        cfg, metric, exps = LAT_RAW, "p50_us", ("latency",)
+    elif exp.primary == "gbps" or (exp.name == "perbyte"):
+        cfg, metric, exps = BW_RAW, "gbps", (exp.name, "stream")
+    else:
+        return None
+    for e in exps:
+        for r in rows:
+            if (r["experiment"] == e and r["config"] == cfg and r.get("available")
+                    and r["params"].get("size") == size and _med(r, metric) is not None):
+                return _med(r, metric), metric
+    return None
+
+
+def tcp_peer(rows: list[dict], row: dict):
+    for r in rows:
+        if (r["experiment"] == row["experiment"] and r["config"] == "tcp"
+                and r["params"] == row["params"] and r.get("available")):
+            return r
+    return None
+
+
+def write_json(doc: dict, path: str) -> None:
+    with open(path, "w") as fh:
+        json.dump(doc, fh, indent=1, sort_keys=False)
+        fh.write("\n")
+
+
+def write_csvs(doc: dict, exps: list[Experiment], outdir: str) -> list[str]:
+    paths = []
+    for exp in exps:
+        rows = [r for r in doc["rows"] if r["experiment"] == exp.name]
+        if not rows:
+            continue
+        pkeys = []
+        for r in rows:
+            for k in r["params"]:
+                if k not in pkeys:
+                    pkeys.append(k)
+        cols = ["experiment", "config"] + pkeys + ["available", "valid", "transport", "reps"]
+        for m in exp.metrics:
+            cols += [f"{m.name}_median", f"{m.name}_min", f"{m.name}_max"]
+        cols += ["cpu_client_s_per_s", "cpu_server_s_per_s", "cpu_total_s_per_s",
+                 "cpu_s_per_gb", "reason"]
+        path = os.path.join(outdir, f"{exp.name}.csv")
+        with open(path, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(cols)
+            for r in rows:
+                line = [r["experiment"], r["config"]] + [r["params"].get(k, "") for k in pkeys]
+                line += [r["available"], r["valid"], r.get("transport") or "", r["reps"]]
+                for m in exp.metrics:
+                    st = r["metrics"].get(m.name) or {}
+                    line += [st.get("median", ""), st.get("min", ""), st.get("max", "")]
+                for k in ("client_s_per_s", "server_s_per_s", "total_s_per_s", "s_per_gb"):
+                    line.append((r["cpu"].get(k) or {}).get("median", ""))
+                line.append(r.get("reason") or "")
+                w.writerow(line)
+        paths.append(path)
+    return paths
+
+
+def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[str]:
+    avail = [r for r in rows if r.get("available")]
+    if not avail:
+        return ["_No configuration could run this experiment._", ""]
+    pkeys = []
+    for r in avail:
+        for k in r["params"]:
+            if k not in pkeys:
+                pkeys.append(k)
+    pm = exp.metric(exp.primary)
+    others = [m for m in exp.metrics if m.name != exp.primary]
+    head = pkeys + ["config", f"{pm.label} ({pm.unit}) median [min–max]"]
+    head += [f"{m.label} ({m.unit})" for m in others]
+    head += ["CPU client+server (s/s)", "CPU (s/GB)", "× tcp", "× raw", "transport", "valid"]
+    out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in avail:
+        st = r["metrics"].get(exp.primary)
+        main = f"{_fmt(st['median'])} [{_fmt(st['min'])}–{_fmt(st['max'])}]" if st else "–"
+        cells = [_pval(k, r["params"].get(k, "")) for k in pkeys] + [f"`{r['config']}`", main]
+        cells += [_fmt(_med(r, m.name)) for m in others]
+        cpu = r.get("cpu", {})
+        cc = (cpu.get("client_s_per_s") or {}).get("median")
+        cs = (cpu.get("server_s_per_s") or {}).get("median")
+        ct = (cpu.get("total_s_per_s") or {}).get("median")
+        cells.append(f"{_fmt(ct)} ({_fmt(cc)}+{_fmt(cs)})" if ct is not None else "–")
+        cells.append(_fmt((cpu.get("s_per_gb") or {}).get("median")))
+        t = tcp_peer(all_rows, r)
+        rt = ratio(_med(r, exp.primary), _med(t, exp.primary)) if t and r["config"] != "tcp" else None
+        cells.append(_fmt(rt, 2) if rt is not None else "–")
+        lim = raw_limit(all_rows, exp, r)
+        rr = None
+        if lim and not r["config"].startswith("raw-"):
+            rr = ratio(_med(r, lim[1]), lim[0])
+        cells.append(_fmt(rr, 2) if rr is not None else "–")
+        cells.append(r.get("transport") or "–")
+        if r["valid"]:
+            cells.append("yes")
+        else:
+            cells.append("**no**: " + (r.get("reason") or "").replace("|", "/")[:160])
+        out.append("| " + " | ".join(cells) + " |")
+    out.append("")
+    return out
+
+
+def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> str:
+    rows = doc["rows"]
+    m = doc["machine"]
+    o = doc["options"]
+    L = ["# SDP benchmark report", ""]
+    L += [f"- date: {doc['created']}",
+          f"- command: `{doc['command']}`",
+          f"- mode: {o['mode']} — {o['reps']} repetitions per point after one warm-up run per "
+          f"configuration, configurations interleaved (A B C A B C …); "
+          f"{o['dur_s']} s per micro-benchmark run, {o['app_dur_s']} s per application run",
+          "- CPU placement: " + ("**pinned** — server on CPU %s, client on CPU %s (taskset)"
+                                 % (o["cpus"][0], o["cpus"][-1]) if o["pin"] else
+                                 "**unpinned** — the scheduler places client and server"),
+          f"- total time: {doc['duration_s']:.0f} s"
+          + (" (**interrupted**, partial results)" if doc.get("interrupted") else ""),
+          ""]
+    L += ["## Machine", "", "| | |", "|---|---|"]
+    for k in ("hostname", "cpu_model", "cores", "cpus_allowed", "memory_gib", "kernel", "os",
+              "python", "date", "loadavg_at_start"):
+        L.append(f"| {k} | {m.get(k)} |")
+    L += ["", "## Configurations", "", "| config | what | available |", "|---|---|---|"]
+    for c in doc["configs"]:
+        av = "yes" if c["available"] else f"**not available**: {c.get('reason')}"
+        L.append(f"| `{c['name']}` | {c['description']} | {av} |")
+    if doc.get("sdp_features") is not None:
+        L += ["", f"`sdp check --json` features: {', '.join(doc['sdp_features']) or 'none'}"]
+    L += ["", "Ratios: **× tcp** = value / value of `tcp` at the same parameters; **× raw** = "
+          "value / the no-socket limit at the same message size (`raw-shm` p50 latency for "
+          "latency, `raw-cma` bandwidth for bandwidth). CPU is CPU-seconds per second of the "
+          "measured interval (1.0 = one CPU fully busy), client + server, and CPU-seconds per "
+          "GB moved (= µs per KB, the per-byte overhead of paper 000).", ""]
+    L += ["## Experiments", ""]
+    for exp in exps:
+        L.append(f"- [{exp.name}](#{exp.name}) — {exp.title} ({exp.reproduces})")
+    L.append("")
+    for exp in exps:
+        erows = [r for r in rows if r["experiment"] == exp.name]
+        L += [f"<a id=\"{exp.name}\"></a>", f"## {exp.name}: {exp.title}", "",
+              f"Reproduces: {exp.reproduces}. {exp.description}", ""]
+        if exp.name in pngs:
+            L += [f"![{exp.name}]({os.path.basename(pngs[exp.name])})", ""]
+        una = {}
+        for r in erows:
+            if not r.get("available"):
+                una.setdefault(r["config"], r.get("reason"))
+        L += _exp_table(exp, erows, rows)
+        if una:
+            L.append("Not available: " + "; ".join(f"`{c}` ({why})" for c, why in una.items()))
+            L.append("")
+        if exp.name == "perbyte":
+            L += _crossover_md(doc.get("derived", {}).get("crossover", []))
+        note = getattr(exp, "report_note", None)
+        if note:
+            L += [note, ""]
+    path = os.path.join(outdir, "report.md")
+    with open(path, "w") as fh:
+        fh.write("\n".join(L) + "\n")
+    return path
+
+
+def _crossover_md(cross: list[dict]) -> list[str]:
+    L = ["### BCopy/ZCopy crossover", ""]
+    if not cross:
+        return L + ["_Not available: needs both `sdp-bcopy` and `sdp-zcopy-all` results._", ""]
+    L += ["| connections | bandwidth crossover | per-byte CPU crossover |", "|---|---|---|"]
+    for c in cross:
+        b = c.get("bandwidth_crossover_bytes")
+        u = c.get("cpu_crossover_bytes")
+        L.append(f"| {c['streams']} | {fmt_size(b) if b else 'none in range'} | "
+                 f"{fmt_size(u) if u else 'none in range'} |")
+    L += ["", "Paper 000 (§4.2) found the bandwidth crossover at 256 KB for 1 connection, 64 KB "
+          "for 2, 32 KB for 4 and 16 KB for 8.", ""]
+    return L
