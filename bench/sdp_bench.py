@@ -14,6 +14,7 @@ import argparse
 import datetime
 import os
 import shlex
+import shutil
 import signal
 import socket
 import sys
@@ -113,6 +114,7 @@ def main(argv=None) -> int:
     os.makedirs(out, exist_ok=True)
     cpus = sorted(os.sched_getaffinity(0))
     tmp = tempfile.mkdtemp(prefix="sdp-bench-")
+    os.chmod(tmp, 0o755)   # nginx workers run as an unprivileged user
     ctx = Ctx(root=root, bindir=bindir, mode=mode, reps=reps, dur=dur, app_dur=app_dur,
               pin=args.pin, cpus=[cpus[0], cpus[-1]] if len(cpus) > 1 else cpus, tmp=tmp)
     if args.pin and len(cpus) < 2:
@@ -154,6 +156,7 @@ def main(argv=None) -> int:
         if netns.ok:
             offl = {"nooffload": netns.offload_state(False), "offload": netns.offload_state(True)}
         netns.teardown()
+        shutil.rmtree(tmp, ignore_errors=True)
 
     doc = {
         "schema": SCHEMA_VERSION,

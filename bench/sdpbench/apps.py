@@ -1,0 +1,493 @@
+"""Real applications under every configuration: iperf3, sockperf,
+redis-benchmark, nginx + wrk, and a three-tier data center (nginx reverse
+proxy -> two sdp-appserver application servers -> redis, driven by wrk)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+
+from . import cpu as cpumod
+from .core import Ctx, Experiment, Metric, Sample, fail
+from .procs import Proc, free_port, run_client, wait_listening
+
+K = 1024
+M = 1024 * 1024
+
+WRK_LUA = r"""
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format('WRKJSON {"requests":%d,"duration_us":%d,"bytes":%d,' ..
+    '"err_connect":%d,"err_read":%d,"err_write":%d,"err_status":%d,"err_timeout":%d,' ..
+    '"mean_us":%f,"max_us":%d,"cdf":[',
+    summary.requests, summary.duration, summary.bytes, e.connect, e.read, e.write,
+    e.status, e.timeout, latency.mean, latency.max))
+  local ps = {1,5,10,20,30,40,50,60,70,75,80,85,90,95,97.5,99,99.5,99.9,99.99}
+  for i, p in ipairs(ps) do
+    if i > 1 then io.write(",") end
+    io.write(string.format("[%g,%d]", p, latency:percentile(p)))
+  end
+  io.write(string.format(',[100,%d]]}\n', latency.max))
+end
+"""
+
+
+def _tail(text, n=200):
+    return (text or "").strip().replace("\n", " | ")[-n:]
+
+
+def _pick(mode, full, quick, tiny):
+    return {"full": full, "quick": quick, "tiny": tiny}[mode]
+
+
+def libsdp_loaded(pids: list[int]) -> bool | None:
+    """True if every process maps libsdp (None: nothing to look at)."""
+    seen = False
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/maps") as fh:
+                maps = fh.read()
+        except OSError:
+            continue
+        seen = True
+        if "libsdp" not in maps:
+            return False
+    return True if seen else None
+
+
+class Servers:
+    """The server side of one application run: processes started under a
+    configuration, their CPU, and whether libsdp is in all of them."""
+
+    def __init__(self, ctx: Ctx, cfg):
+        self.ctx, self.cfg = ctx, cfg
+        self.procs: list[Proc] = []
+        self.cpu = None
+
+    def start(self, argv, port: int, name: str, ready_timeout: float = 15.0, cwd=None) -> Proc:
+        p = Proc(self.cfg.wrap(argv, "server", self.ctx), env=self.cfg.environ(), cwd=cwd, name=name)
+        self.procs.append(p)
+        if not wait_listening(p.pid, port, ready_timeout):
+            raise RuntimeError(f"{name} did not listen on port {port}: "
+                               + _tail(p.stderr() or p.stdout()))
+        return p
+
+    def pids(self) -> list[int]:
+        stats = cpumod.all_stats()
+        out = []
+        for p in self.procs:
+            out += cpumod.descendants(p.pid, stats)
+        return out
+
+    def begin(self):
+        self.cpu = cpumod.TreeCPU([p.pid for p in self.procs])
+        self.cpu.start()
+        self.loaded = libsdp_loaded(self.pids())
+
+    def end(self) -> float:
+        return self.cpu.stop() if self.cpu else 0.0
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.stop()
+
+    def transport(self) -> tuple[str, bool, str | None]:
+        if self.cfg.kind == "sdp":
+            if self.loaded:
+                return "sdp-preloaded", True, None
+            return "tcp", False, "libsdp.so not mapped in every server process"
+        if self.loaded:
+            return "sdp-preloaded", False, "libsdp.so mapped in a kernel-TCP configuration"
+        return "tcp", True, None
+
+
+def _port(ctx, cfg) -> int:
+    return free_port()
+
+
+def _app_sample(srv: Servers, cres, secs, metrics, nbytes=None, extra=None) -> Sample:
+    scpu = srv.end()
+    t, ok, why = srv.transport()
+    return Sample(ok=True, reason=why, metrics=metrics,
+                  cpu_client=cres.cpu / secs if secs else None,
+                  cpu_server=scpu / secs if secs else None, bytes=nbytes, seconds=secs,
+                  transport=t, transport_ok=ok, extra=extra or {})
+
+
+class AppExperiment(Experiment):
+    kind = "app"
+
+    def reps_for(self, ctx: Ctx) -> int:
+        return ctx.reps
+
+
+class Iperf3(AppExperiment):
+    name = "iperf3"
+    title = "iperf3 throughput"
+    reproduces = "000 §3 (iperf), 002 Fig 1b"
+    description = ("iperf3 server and client (one stream, and 4 parallel streams) for a fixed "
+                   "time; receiver bandwidth and the CPU of both processes.")
+    metrics = [Metric("gbps", "Gbit/s", "bandwidth (receiver)", "higher")]
+    primary = "gbps"
+    needs = ("iperf3",)
+    xparam = None
+
+    def params(self, mode):
+        return [{"streams": s} for s in _pick(mode, [1, 4], [1], [1])]
+
+    def run(self, ctx, cfg, p):
+        port = _port(ctx, cfg)
+        srv = Servers(ctx, cfg)
+        try:
+            srv.start(["iperf3", "-s", "-1", "-p", str(port), "-B", cfg.server_addr], port, "iperf3 -s")
+            args = ["iperf3", "-c", cfg.server_addr, "-p", str(port), "-J", "-P", str(p["streams"])]
+            args += ["-t", str(ctx.app_dur)] if ctx.mode != "tiny" else ["-n", "256M"]
+            srv.begin()
+            res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=ctx.app_dur * 3 + 30)
+            try:
+                j = json.loads(res.stdout)
+            except ValueError:
+                return fail(f"iperf3 client (exit {res.rc}): " + _tail(res.stderr or res.stdout))
+            if j.get("error"):
+                return fail("iperf3: " + str(j["error"]))
+            end = j.get("end", {})
+            rcv = end.get("sum_received", {})
+            secs = rcv.get("seconds") or res.wall
+            cu = end.get("cpu_utilization_percent", {})
+            return _app_sample(srv, res, secs, {"gbps": rcv.get("bits_per_second", 0) / 1e9},
+                               nbytes=rcv.get("bytes"),
+                               extra={"iperf3_cpu_percent": {"client": cu.get("host_total"),
+                                                             "server": cu.get("remote_total")}})
+        finally:
+            srv.stop()
+
+
+class Sockperf(AppExperiment):
+    name = "sockperf"
+    title = "sockperf ping-pong latency"
+    reproduces = "002 Fig 1a, 003 Fig 5 (with an independent tool)"
+    description = "sockperf server (sr) and ping-pong client over TCP; one-way latency."
+    metrics = [Metric("p50_us", "us", "one-way latency p50", "lower"),
+               Metric("p99_us", "us", "one-way latency p99", "lower"),
+               Metric("mean_us", "us", "one-way latency mean", "lower")]
+    primary = "p50_us"
+    needs = ("sockperf",)
+    xparam = None
+
+    def params(self, mode):
+        return [{"size": s} for s in _pick(mode, [64, 1024], [64], [64])]
+
+    def run(self, ctx, cfg, p):
+        port = _port(ctx, cfg)
+        srv = Servers(ctx, cfg)
+        try:
+            srv.start(["sockperf", "sr", "--tcp", "-i", cfg.server_addr, "-p", str(port)], port,
+                      "sockperf sr")
+            t = max(ctx.app_dur, 1) + (1 if ctx.mode == "full" else 0)
+            args = ["sockperf", "pp", "--tcp", "-i", cfg.server_addr, "-p", str(port),
+                    "-t", str(t), "-m", str(p["size"])]
+            srv.begin()
+            res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=t * 3 + 30)
+            text = re.sub(r"\x1b\[[0-9;]*m", "", res.stdout + "\n" + res.stderr)
+            avg = re.search(r"avg-latency=([\d.]+)", text)
+            p50 = re.search(r"percentile 50\.000 =\s*([\d.]+)", text)
+            p99 = re.search(r"percentile 99\.000 =\s*([\d.]+)", text)
+            run = re.search(r"\[Valid Duration\] RunTime=([\d.]+)", text)
+            if not (avg and p50 and p99):
+                return fail(f"sockperf gave no statistics (exit {res.rc}): " + _tail(text))
+            secs = float(run.group(1)) if run else res.wall
+            return _app_sample(srv, res, res.wall, {"p50_us": float(p50.group(1)),
+                                                    "p99_us": float(p99.group(1)),
+                                                    "mean_us": float(avg.group(1))},
+                               extra={"valid_seconds": secs})
+        finally:
+            srv.stop()
+
+
+class Redis(AppExperiment):
+    name = "redis"
+    title = "redis-benchmark GET/SET"
+    reproduces = "002 §5, 003 §VI (the database tier on its own)"
+    description = "redis-server and redis-benchmark (50 clients, SET and GET); requests per second."
+    metrics = [Metric("get_rps", "req/s", "GET requests per second", "higher"),
+               Metric("set_rps", "req/s", "SET requests per second", "higher"),
+               Metric("get_p99_ms", "ms", "GET latency p99", "lower")]
+    primary = "get_rps"
+    needs = ("redis-server", "redis-benchmark")
+    xparam = None
+
+    def params(self, mode):
+        return [{"value_size": s} for s in _pick(mode, [64, 4096], [64], [64])]
+
+    def run(self, ctx, cfg, p):
+        port = _port(ctx, cfg)
+        srv = Servers(ctx, cfg)
+        n = _pick(ctx.mode, 100000, 20000, 2000)
+        try:
+            srv.start(["redis-server", "--port", str(port), "--bind", cfg.server_addr,
+                       "--save", "", "--appendonly", "no", "--protected-mode", "no",
+                       "--dir", ctx.tmp], port, "redis-server")
+            args = ["redis-benchmark", "-h", cfg.server_addr, "-p", str(port), "-c", "50",
+                    "-n", str(n), "-d", str(p["value_size"]), "-t", "set,get", "--csv"]
+            srv.begin()
+            res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=120)
+            vals = {}
+            for line in res.stdout.splitlines():
+                cols = [c.strip('"') for c in line.split(",")]
+                if len(cols) >= 7 and cols[0] in ("SET", "GET"):
+                    try:
+                        vals[cols[0]] = (float(cols[1]), float(cols[6]))
+                    except ValueError:
+                        pass
+            if "GET" not in vals or "SET" not in vals:
+                return fail(f"redis-benchmark gave no results (exit {res.rc}): "
+                            + _tail(res.stderr or res.stdout))
+            return _app_sample(srv, res, res.wall, {"get_rps": vals["GET"][0],
+                                                    "set_rps": vals["SET"][0],
+                                                    "get_p99_ms": vals["GET"][1]})
+        finally:
+            srv.stop()
+
+
+def _nginx_conf(tmp: str, listen: str, body: str, workers: int = 1) -> str:
+    for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
+        os.makedirs(os.path.join(tmp, d), exist_ok=True)
+    return f"""
+daemon off;
+master_process on;
+worker_processes {workers};
+worker_rlimit_nofile 8192;
+pid {tmp}/nginx.pid;
+error_log {tmp}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+    access_log off;
+    sendfile off;
+    tcp_nopush off;
+    keepalive_requests 1000000;
+    keepalive_timeout 60;
+    client_body_temp_path {tmp}/client_body;
+    proxy_temp_path {tmp}/proxy;
+    fastcgi_temp_path {tmp}/fastcgi;
+    uwsgi_temp_path {tmp}/uwsgi;
+    scgi_temp_path {tmp}/scgi;
+    default_type application/octet-stream;
+{body}
+    server {{
+        listen {listen};
+        LOCATIONS
+    }}
+}}
+"""
+
+
+def _wrk(ctx, cfg, url: str, conns: int, threads: int, dur: int, script: str):
+    args = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{dur}s", "--timeout", "5s",
+            "-s", script, url]
+    res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=dur * 3 + 30)
+    j = None
+    for line in res.stdout.splitlines():
+        if line.startswith("WRKJSON "):
+            try:
+                j = json.loads(line[len("WRKJSON "):])
+            except ValueError:
+                pass
+    return res, j
+
+
+def _wrk_metrics(j: dict) -> tuple[dict, dict, float]:
+    secs = j["duration_us"] / 1e6
+    cdf = j.get("cdf", [])
+    pct = {p: v for p, v in cdf}
+    errors = j["err_connect"] + j["err_read"] + j["err_write"] + j["err_status"] + j["err_timeout"]
+    m = {"rps": j["requests"] / secs if secs else None,
+         "mbytes_per_s": j["bytes"] / secs / 1e6 if secs else None,
+         "p50_ms": pct.get(50, 0) / 1000.0, "p99_ms": pct.get(99, 0) / 1000.0}
+    extra = {"latency_cdf_us": cdf, "errors": errors, "requests": j["requests"]}
+    return m, extra, secs
+
+
+class Nginx(AppExperiment):
+    name = "nginx"
+    title = "nginx static files with wrk"
+    reproduces = "002 Fig 4a/5a (static content), 003 §VI"
+    description = ("nginx (1 worker, sendfile off so that every byte goes through the socket "
+                   "API) serves one static file; wrk with 10 keep-alive connections. "
+                   "Requests per second, transfer rate and latency.")
+    metrics = [Metric("rps", "req/s", "requests per second", "higher"),
+               Metric("mbytes_per_s", "MB/s", "transfer rate", "higher"),
+               Metric("p50_ms", "ms", "latency p50", "lower"),
+               Metric("p99_ms", "ms", "latency p99", "lower")]
+    primary = "rps"
+    needs = ("nginx", "wrk")
+    xparam = "file_size"
+    logx = True
+    logy = True
+    cpu_bars = "total"
+
+    def params(self, mode):
+        return [{"file_size": s} for s in _pick(mode, [K, 16 * K, 256 * K, M], [K, M], [K])]
+
+    def setup(self, ctx):
+        self.www = os.path.join(ctx.tmp, "www")
+        os.makedirs(self.www, exist_ok=True)
+        for s in (K, 16 * K, 256 * K, M):
+            with open(os.path.join(self.www, f"f{s}"), "wb") as fh:
+                fh.write(bytes((i * 7) & 0xFF for i in range(s)))
+        self.lua = os.path.join(ctx.tmp, "wrk-cdf.lua")
+        with open(self.lua, "w") as fh:
+            fh.write(WRK_LUA)
+
+    def run(self, ctx, cfg, p):
+        port = _port(ctx, cfg)
+        tmp = os.path.join(ctx.tmp, f"nginx-{cfg.name}")
+        os.makedirs(tmp, exist_ok=True)
+        conf = _nginx_conf(tmp, f"{cfg.server_addr}:{port}", "").replace(
+            "LOCATIONS", f"location / {{ root {self.www}; }}")
+        cpath = os.path.join(tmp, "nginx.conf")
+        with open(cpath, "w") as fh:
+            fh.write(conf)
+        srv = Servers(ctx, cfg)
+        try:
+            srv.start(["nginx", "-c", cpath, "-p", tmp, "-e", os.path.join(tmp, "error.log")],
+                      port, "nginx")
+            srv.begin()
+            res, j = _wrk(ctx, cfg, f"http://{cfg.server_addr}:{port}/f{p['file_size']}",
+                          conns=10, threads=1, dur=ctx.app_dur, script=self.lua)
+            if j is None:
+                return fail(f"wrk gave no results (exit {res.rc}): " + _tail(res.stderr or res.stdout))
+            m, extra, secs = _wrk_metrics(j)
+            s = _app_sample(srv, res, secs, m, nbytes=j["bytes"], extra=extra)
+            if extra["errors"] > 0.01 * max(j["requests"], 1) or not j["requests"]:
+                s.transport_ok = False
+                s.reason = f"wrk: {extra['errors']} errors in {j['requests']} requests"
+            return s
+        finally:
+            srv.stop()
+
+
+class DataCenter(AppExperiment):
+    name = "datacenter"
+    title = "Three-tier data center: nginx proxy -> 2 app servers -> redis"
+    reproduces = "002 §5 (Figs 4-7), 003 §VI (Figs 9-12: 50 vs 600 connections, latency CDF)"
+    description = ("wrk drives an nginx reverse proxy (keep-alive to its upstreams) in front of "
+                   "two sdp-appserver processes, each reading one redis item (1 KiB) per "
+                   "request and answering with an HTML page; 50 and 600 client connections. "
+                   "All tiers run under the configuration (veth: the tiers in the server "
+                   "namespace, wrk in the client namespace). Requests per second and the "
+                   "latency distribution.")
+    metrics = [Metric("rps", "req/s", "requests per second", "higher"),
+               Metric("p50_ms", "ms", "latency p50", "lower"),
+               Metric("p99_ms", "ms", "latency p99", "lower")]
+    primary = "rps"
+    needs = ("nginx", "wrk", "redis-server")
+    xparam = None
+    report_note = ("The plot's right panel is the complementary CDF of the response time "
+                   "(fraction of requests slower than t), as in paper 003 Fig 10.")
+
+    def params(self, mode):
+        return [{"conns": c} for c in _pick(mode, [50, 600], [50, 600], [50])]
+
+    def setup(self, ctx):
+        self.lua = os.path.join(ctx.tmp, "wrk-cdf.lua")
+        with open(self.lua, "w") as fh:
+            fh.write(WRK_LUA)
+
+    def run(self, ctx, cfg, p):
+        if not os.path.exists(ctx.appserver):
+            return fail(f"{ctx.appserver} not built")
+        tmp = os.path.join(ctx.tmp, f"dc-{cfg.name}")
+        os.makedirs(tmp, exist_ok=True)
+        rport, a1, a2, nport = (free_port() for _ in range(4))
+        conf = _nginx_conf(tmp, f"{cfg.server_addr}:{nport}",
+                           f"    upstream app {{ server 127.0.0.1:{a1}; server 127.0.0.1:{a2}; "
+                           f"keepalive 64; }}").replace(
+            "LOCATIONS", "location / { proxy_pass http://app; proxy_http_version 1.1; "
+                         "proxy_set_header Connection \"\"; }")
+        cpath = os.path.join(tmp, "nginx.conf")
+        with open(cpath, "w") as fh:
+            fh.write(conf)
+        srv = Servers(ctx, cfg)
+        try:
+            srv.start(["redis-server", "--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                       "--appendonly", "no", "--protected-mode", "no", "--dir", tmp],
+                      rport, "redis-server")
+            tmo = str(ctx.app_dur * 4 + 60)
+            srv.start([ctx.appserver, "--port", str(a1), "--redis-port", str(rport), "--populate",
+                       "--timeout", tmo], a1, "sdp-appserver 1")
+            srv.start([ctx.appserver, "--port", str(a2), "--redis-port", str(rport),
+                       "--timeout", tmo], a2, "sdp-appserver 2")
+            srv.start(["nginx", "-c", cpath, "-p", tmp, "-e", os.path.join(tmp, "error.log")],
+                      nport, "nginx proxy")
+            srv.begin()
+            res, j = _wrk(ctx, cfg, f"http://{cfg.server_addr}:{nport}/item", conns=p["conns"],
+                          threads=2, dur=ctx.app_dur, script=self.lua)
+            if j is None:
+                return fail(f"wrk gave no results (exit {res.rc}): " + _tail(res.stderr or res.stdout))
+            m, extra, secs = _wrk_metrics(j)
+            m.pop("mbytes_per_s", None)
+            s = _app_sample(srv, res, secs, m, nbytes=j["bytes"], extra=extra)
+            if extra["errors"] > 0.01 * max(j["requests"], 1) or not j["requests"]:
+                s.transport_ok = False
+                s.reason = f"wrk: {extra['errors']} errors in {j['requests']} requests"
+            return s
+        finally:
+            srv.stop()
+
+    def plot(self, rows, plt):
+        from .plots import COLORS
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12.8, 4.6))
+        use = [r for r in rows if r.get("available") and r.get("metrics")]
+        conns = sorted({r["params"]["conns"] for r in rows})
+        cfgs = []
+        for r in use:
+            if r["config"] not in cfgs:
+                cfgs.append(r["config"])
+        n = max(len(cfgs), 1)
+        w = 0.8 / n
+        for i, c in enumerate(cfgs):
+            xs, ys = [], []
+            for gi, cn in enumerate(conns):
+                for r in use:
+                    if r["config"] == c and r["params"]["conns"] == cn and "rps" in r["metrics"]:
+                        xs.append(gi + (i - (n - 1) / 2) * w)
+                        ys.append(r["metrics"]["rps"]["median"])
+            ax1.bar(xs, ys, width=w, label=c, color=COLORS.get(c), zorder=3)
+        ax1.set_xticks(range(len(conns)))
+        ax1.set_xticklabels([f"{c} connections" for c in conns])
+        ax1.set_ylabel("requests per second")
+        ax1.set_title("Throughput (003 Fig 9/11)", fontsize=10)
+        ax1.grid(True, axis="y", alpha=0.3, zorder=0)
+        styles = ["-", "--", ":"]
+        for r in use:
+            cdf = r.get("extra", {}).get("latency_cdf_us")
+            if not cdf:
+                continue
+            si = conns.index(r["params"]["conns"]) % 3
+            xs = [v / 1000.0 for _, v in cdf]
+            ys = [max(1 - pp / 100.0, 1e-5) for pp, _ in cdf]
+            ax2.plot(xs, ys, styles[si], color=COLORS.get(r["config"]),
+                     label=f"{r['config']}, {r['params']['conns']} conns")
+        ax2.set_xscale("log")
+        ax2.set_yscale("log")
+        ax2.set_xlabel("response time (ms)")
+        ax2.set_ylabel("fraction of requests slower (1 - CDF)")
+        ax2.set_title("Response time, complementary CDF (003 Fig 10/12)", fontsize=10)
+        ax2.grid(True, alpha=0.3)
+        if use:
+            ax1.legend(fontsize=7)
+            ax2.legend(fontsize=7)
+        else:
+            for ax in (ax1, ax2):
+                ax.text(0.5, 0.5, "no results", ha="center", transform=ax.transAxes)
+        fig.suptitle(f"{self.name} — reproduces {self.reproduces}", fontsize=9)
+        fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+        return fig
+
+
+def experiments() -> list[Experiment]:
+    return [Iperf3(), Sockperf(), Redis(), Nginx(), DataCenter()]
+
+
+__all__ = ["experiments", "shutil"]
