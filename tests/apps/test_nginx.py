@@ -201,11 +201,15 @@ def test_nginx_wrk(nginx_server, sdp, kit):
     # and both workers served some of them
     time.sleep(0.2)  # access log lines are written after the response
     rows = [r for r in srv.access_log()[log_rows0:] if r["uri"] == uri]
-    ok = [r for r in rows if r["status"] == 200]
+    ok = [r for r in rows if r["status"] == 200 and r["bytes"] == size]
     bad = [r for r in rows if r["status"] not in (200, 499)]
     assert not bad, f"nginx logged non-200 responses: {bad[:5]}"
-    assert len(ok) >= s["requests"], f"nginx logged {len(ok)} 200s, wrk counted {s['requests']}"
-    assert all(r["bytes"] == size for r in ok), "nginx sent a short body"
+    assert len(ok) >= s["requests"], \
+        f"nginx logged {len(ok)} complete 200s, wrk counted {s['requests']} responses"
+    # wrk stops with at most one request in flight per connection; those may
+    # be logged with a partial body (or 499): nothing else may be incomplete
+    cut = [r for r in rows if not (r["status"] == 200 and r["bytes"] == size)]
+    assert len(cut) <= WRK_CONNS, f"{len(cut)} incomplete responses: {cut[:5]}"
     by_worker = {p: sum(1 for r in ok if r["pid"] == p) for p in srv.workers}
     assert all(n > 0 for n in by_worker.values()), \
         f"not every nginx worker served wrk requests: {by_worker}"
