@@ -1,0 +1,112 @@
+/*
+ * fabric.h - the provider contract between the SDP engine and a fabric.
+ *
+ * The engine (src/sdp/) never touches a transport directly. A provider gives
+ * it, per connection endpoint:
+ *   - a reliable, ordered message channel in each direction made of a fixed
+ *     number of receive buffers ("slots"); one posted message uses one of the
+ *     peer's receive buffers, i.e. one credit;
+ *   - a credit word: how many of our messages the peer has consumed (the
+ *     receiver publishes it; on RDMA fabrics this is an RDMA write);
+ *   - RDMA Read / RDMA Write of a peer buffer named by address + key;
+ *   - a wake-up mechanism: a side that is about to sleep "arms" and the other
+ *     side "kicks" it after making progress; the kick makes the endpoint's
+ *     wait object (a file descriptor) readable.
+ * All functions return >= 0 on success and -errno on failure.
+ */
+#ifndef SDP_FABRIC_H
+#define SDP_FABRIC_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+struct fab_ep;
+
+/* What a sleeping side waits for (arm/kick). */
+enum fab_wait {
+	FAB_WAIT_RX     = 1u << 0,   /* a message arrives */
+	FAB_WAIT_CREDIT = 1u << 1,   /* the peer consumed messages (credits back) */
+};
+
+struct fab_ops {
+	const char *name;
+
+	/* Message channel. tx_buf returns the next send buffer (which needs a
+	 * credit: call only when credits() > 0) and its capacity; post publishes
+	 * len bytes of it. rx_peek returns the idx-th unconsumed message (or -EAGAIN);
+	 * rx_release hands the buffer back to the sender (returns one credit). */
+	void    *(*tx_buf)(struct fab_ep *ep, size_t *cap);
+	int      (*post)(struct fab_ep *ep, size_t len);
+	int      (*rx_peek)(struct fab_ep *ep, uint32_t idx, const void **msg,
+			    size_t *cap);
+	int      (*rx_release)(struct fab_ep *ep);
+	uint32_t (*credits)(struct fab_ep *ep);
+	uint32_t (*rx_pending)(struct fab_ep *ep);     /* messages waiting */
+	uint64_t (*tx_seq)(struct fab_ep *ep);         /* messages posted so far */
+	uint64_t (*rx_seq)(struct fab_ep *ep);         /* messages consumed so far */
+
+	/* RDMA by address + key (the key names the peer's memory). */
+	ssize_t  (*rdma_read)(struct fab_ep *ep, void *dst, size_t len,
+			      uint64_t raddr, uint64_t rkey);
+	ssize_t  (*rdma_write)(struct fab_ep *ep, const void *src, size_t len,
+			       uint64_t raddr, uint64_t rkey);
+
+	/* Wake-ups. arm: ask the peer to kick us for `what`; disarm undoes it.
+	 * kick: after progress of kind `what` (FAB_WAIT_RX: we posted;
+	 * FAB_WAIT_CREDIT: we released), wake the peer if it armed for it.
+	 * drain: consume pending wake-up tokens; returns 0 or -ECONNRESET/-EPIPE
+	 * when the wait object reports the peer gone (1 = orderly EOF seen). */
+	void     (*arm)(struct fab_ep *ep, unsigned what);
+	void     (*disarm)(struct fab_ep *ep, unsigned what);
+	int      (*kick)(struct fab_ep *ep, int wfd, unsigned what);
+	int      (*drain)(struct fab_ep *ep, int wfd);
+	void     (*detach)(struct fab_ep *ep);   /* unmap; last user only */
+};
+
+/*
+ * The wait object of a connection is its TCP socket: the application keeps
+ * the real socket fd, the peer's kick writes one token byte to it, so poll,
+ * epoll and blocking reads on that fd wake up when the peer made progress,
+ * and the kernel's FIN/RST on it tells that the peer process is gone. The
+ * fd is passed per call (wfd) because fd numbers are per process while an
+ * endpoint may be shared by forked processes.
+ */
+
+/* An endpoint lives in memory shared with forked children (the connection
+ * pool), so it holds no pointers except into mappings inherited by fork. */
+struct fab_ep {
+	const struct fab_ops *ops;
+	void     *base;        /* mapping of the connection region */
+	size_t    len;         /* its length in bytes */
+	uint32_t  side;        /* 0 = connecting side, 1 = accepting side */
+	uint32_t  nslots;      /* receive buffers per direction (= max credits) */
+	uint32_t  slot_size;   /* bytes per receive buffer */
+	int32_t   peer_pid;    /* for RDMA by Cross Memory Attach */
+};
+
+extern const struct fab_ops fab_shm_ops;
+
+/* shm provider set-up (fabric/shm.c). create: a new region (memfd) sized
+ * for nslots x slot_size per direction; returns the memfd. attach: map an
+ * existing region received from the peer, validating its header. */
+int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token);
+int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side);
+/* Fields of the shared header other layers use. */
+uint64_t shm_token(struct fab_ep *ep);
+void shm_set_state(struct fab_ep *ep, uint32_t st);
+uint32_t shm_get_state(struct fab_ep *ep);
+void shm_set_pid(struct fab_ep *ep);
+void shm_set_fin(struct fab_ep *ep);         /* our direction is finished */
+int  shm_peer_fin(struct fab_ep *ep);        /* peer direction finished, all consumed */
+void shm_set_abort(struct fab_ep *ep);
+int  shm_peer_abort(struct fab_ep *ep);
+
+enum shm_state {
+	SHM_ST_CONNECTING = 0,   /* client sent its hello, TCP connect running */
+	SHM_ST_CONNECTED  = 1,   /* client's TCP connect succeeded */
+	SHM_ST_ATTACHED   = 2,   /* server accepted and attached */
+	SHM_ST_FAILED     = 3,   /* client's connect failed: hello is stale */
+};
+
+#endif

@@ -1,0 +1,325 @@
+/*
+ * shm.c - the shared-memory fabric provider.
+ *
+ * One connection = one memfd region shared by exactly the two endpoint
+ * processes (created by the connecting side, passed to the accepting side
+ * with SCM_RIGHTS, sealed against resizing so neither side can make the
+ * other fault). Layout:
+ *
+ *   page 0      struct shm_hdr: identity, state, and per side a control
+ *               block written only by that side (producer and consumer
+ *               counters on their own cache lines, wake-up arm bits, FIN)
+ *   ring 0      nslots x slot_size receive buffers, written by side 0
+ *   ring 1      the same for side 1
+ *
+ * Posting a message = copy it into the peer's next receive buffer, then
+ * publish the producer counter (release). Consuming = read the buffer, then
+ * publish the consumer counter, which is the credit return (on an RDMA
+ * fabric, an RDMA write of the same word). RDMA Read/Write are Cross Memory
+ * Attach (process_vm_readv/writev) into the peer process.
+ *
+ * Wake-ups: a side about to sleep sets arm bits in its control block; the
+ * other side, after progress, clears a set bit and writes one token byte to
+ * the connection's TCP socket, which makes the sleeper's fd readable.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "fabric/fabric.h"
+#include "sdp/sys.h"
+
+#define SHM_MAGIC   0x53444d52u   /* "SDMR" */
+#define SHM_VERSION 1
+#define SHM_HDR_SIZE 4096u
+#define SHM_TOKEN_BYTE 0xDB
+
+struct shm_side {                 /* written only by its own side */
+	_Atomic uint64_t prod;        /* messages posted into our ring (TCP: snd_nxt) */
+	char pad0[56];
+	_Atomic uint64_t cons;        /* messages consumed from the peer's ring (TCP: rcv_nxt acked) */
+	char pad1[56];
+	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
+	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
+	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
+	_Atomic uint32_t abort;       /* 1: connection reset by this side (TCP: RST) */
+	_Atomic int32_t  pid;         /* process that last used this side */
+	char pad2[40];
+};
+_Static_assert(sizeof(struct shm_side) == 192, "side block is 3 cache lines");
+
+struct shm_hdr {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t nslots;              /* receive buffers per direction */
+	uint32_t slot_size;           /* bytes per receive buffer */
+	uint64_t token;               /* random, also in the hello */
+	uint64_t ring_off;            /* offset of ring 0 */
+	_Atomic uint32_t state;       /* enum shm_state */
+	char pad[28];
+	struct shm_side side[2];
+};
+_Static_assert(sizeof(struct shm_hdr) <= SHM_HDR_SIZE, "header fits a page");
+
+static inline struct shm_hdr *H(struct fab_ep *ep) { return ep->base; }
+static inline struct shm_side *me(struct fab_ep *ep) { return &H(ep)->side[ep->side]; }
+static inline struct shm_side *peer(struct fab_ep *ep) { return &H(ep)->side[!ep->side]; }
+
+static inline char *ring(struct fab_ep *ep, uint32_t which)
+{
+	return (char *)ep->base + SHM_HDR_SIZE +
+	       (size_t)which * ep->nslots * ep->slot_size;
+}
+
+static size_t region_size(uint32_t nslots, uint32_t slot_size)
+{
+	return SHM_HDR_SIZE + 2 * (size_t)nslots * slot_size;
+}
+
+int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token)
+{
+	size_t len = region_size(nslots, slot_size);
+	int fd = (int)syscall(SYS_memfd_create, "sdp-conn",
+			      MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)len) < 0 ||
+	    sys_fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		goto fail;
+	struct shm_hdr *h = mmap(NULL, SHM_HDR_SIZE, PROT_READ | PROT_WRITE,
+				 MAP_SHARED, fd, 0);
+	if (h == MAP_FAILED)
+		goto fail;
+	h->magic = SHM_MAGIC;
+	h->version = SHM_VERSION;
+	h->nslots = nslots;
+	h->slot_size = slot_size;
+	h->token = token;
+	h->ring_off = SHM_HDR_SIZE;
+	atomic_store(&h->state, SHM_ST_CONNECTING);
+	munmap(h, SHM_HDR_SIZE);
+	return fd;
+fail:;
+	int e = -errno;
+	sys_close(fd);
+	return e;
+}
+
+int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side)
+{
+	struct stat st;
+	if (fstat(memfd, &st) < 0)
+		return -errno;
+	int seals = sys_fcntl(memfd, F_GET_SEALS, 0);
+	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
+			 (F_SEAL_SHRINK | F_SEAL_GROW))
+		return -EPROTO;               /* peer could truncate under us */
+	if ((size_t)st.st_size < SHM_HDR_SIZE || st.st_size > (1l << 31))
+		return -EPROTO;
+	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+			  MAP_SHARED, memfd, 0);
+	if (base == MAP_FAILED)
+		return -errno;
+	struct shm_hdr *h = base;
+	uint32_t n = h->nslots, sz = h->slot_size;   /* read once, then trust copies */
+	if (h->magic != SHM_MAGIC || h->version != SHM_VERSION ||
+	    n < 2 || n > 4096 || sz < 256 || sz > (1u << 22) || (sz & 63) ||
+	    region_size(n, sz) > (size_t)st.st_size) {
+		munmap(base, (size_t)st.st_size);
+		return -EPROTO;
+	}
+	ep->ops = &fab_shm_ops;
+	ep->base = base;
+	ep->len = (size_t)st.st_size;
+	ep->side = side;
+	ep->nslots = n;
+	ep->slot_size = sz;
+	ep->peer_pid = 0;
+	return 0;
+}
+
+uint64_t shm_token(struct fab_ep *ep) { return H(ep)->token; }
+void shm_set_state(struct fab_ep *ep, uint32_t st) { atomic_store(&H(ep)->state, st); }
+uint32_t shm_get_state(struct fab_ep *ep) { return atomic_load(&H(ep)->state); }
+void shm_set_pid(struct fab_ep *ep) { atomic_store(&me(ep)->pid, (int32_t)getpid()); }
+
+void shm_set_fin(struct fab_ep *ep)
+{
+	struct shm_side *m = me(ep);
+	if (atomic_load(&m->fin))
+		return;
+	atomic_store(&m->fin_seq, atomic_load(&m->prod));
+	atomic_store(&m->fin, 1);
+}
+
+int shm_peer_fin(struct fab_ep *ep)
+{
+	struct shm_side *p = peer(ep);
+	if (!atomic_load_explicit(&p->fin, memory_order_acquire))
+		return 0;
+	return atomic_load(&me(ep)->cons) >= atomic_load(&p->fin_seq);
+}
+
+void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
+int shm_peer_abort(struct fab_ep *ep) { return atomic_load(&peer(ep)->abort) != 0; }
+
+/* ---- message channel ---------------------------------------------------- */
+
+static uint32_t shm_credits(struct fab_ep *ep)
+{
+	uint64_t sent = atomic_load_explicit(&me(ep)->prod, memory_order_relaxed);
+	uint64_t acked = atomic_load_explicit(&peer(ep)->cons, memory_order_acquire);
+	if (acked > sent || sent - acked > ep->nslots)
+		return 0;                     /* nonsense from the peer: no credit */
+	return ep->nslots - (uint32_t)(sent - acked);
+}
+
+static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
+{
+	uint64_t p = atomic_load_explicit(&me(ep)->prod, memory_order_relaxed);
+	*cap = ep->slot_size;
+	return ring(ep, ep->side) + (p % ep->nslots) * ep->slot_size;
+}
+
+static int shm_post(struct fab_ep *ep, size_t len)
+{
+	(void)len;
+	struct shm_side *m = me(ep);
+	uint64_t p = atomic_load_explicit(&m->prod, memory_order_relaxed);
+	atomic_store_explicit(&m->prod, p + 1, memory_order_release);
+	return 0;
+}
+
+static uint32_t shm_rx_pending(struct fab_ep *ep)
+{
+	uint64_t p = atomic_load_explicit(&peer(ep)->prod, memory_order_acquire);
+	uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_relaxed);
+	if (p < c || p - c > ep->nslots)
+		return UINT32_MAX;            /* corrupt: caller aborts */
+	return (uint32_t)(p - c);
+}
+
+static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
+		       size_t *cap)
+{
+	uint32_t n = shm_rx_pending(ep);
+	if (n == UINT32_MAX)
+		return -EPROTO;
+	if (idx >= n)
+		return -EAGAIN;
+	uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) + idx;
+	*msg = ring(ep, !ep->side) + (c % ep->nslots) * ep->slot_size;
+	*cap = ep->slot_size;
+	return 0;
+}
+
+static int shm_rx_release(struct fab_ep *ep)
+{
+	struct shm_side *m = me(ep);
+	uint64_t c = atomic_load_explicit(&m->cons, memory_order_relaxed);
+	atomic_store_explicit(&m->cons, c + 1, memory_order_release);
+	return 0;
+}
+
+static uint64_t shm_tx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->prod); }
+static uint64_t shm_rx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->cons); }
+
+/* ---- RDMA by Cross Memory Attach ---------------------------------------- */
+
+static ssize_t shm_rdma_read(struct fab_ep *ep, void *dst, size_t len,
+			     uint64_t raddr, uint64_t rkey)
+{
+	struct iovec l = { dst, len }, r = { (void *)(uintptr_t)raddr, len };
+	pid_t pid = (pid_t)rkey ? (pid_t)rkey : ep->peer_pid;
+	ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+	return n < 0 ? -errno : n;
+}
+
+static ssize_t shm_rdma_write(struct fab_ep *ep, const void *src, size_t len,
+			      uint64_t raddr, uint64_t rkey)
+{
+	struct iovec l = { (void *)src, len }, r = { (void *)(uintptr_t)raddr, len };
+	pid_t pid = (pid_t)rkey ? (pid_t)rkey : ep->peer_pid;
+	ssize_t n = process_vm_writev(pid, &l, 1, &r, 1, 0);
+	return n < 0 ? -errno : n;
+}
+
+/* ---- wake-ups ----------------------------------------------------------- */
+
+static void shm_arm(struct fab_ep *ep, unsigned what)
+{
+	atomic_fetch_or(&me(ep)->armed, what);
+	atomic_thread_fence(memory_order_seq_cst);
+}
+
+static void shm_disarm(struct fab_ep *ep, unsigned what)
+{
+	atomic_fetch_and(&me(ep)->armed, ~what);
+}
+
+static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
+{
+	atomic_thread_fence(memory_order_seq_cst);
+	struct shm_side *p = peer(ep);
+	if (!(atomic_load_explicit(&p->armed, memory_order_relaxed) & what))
+		return 0;
+	if (!(atomic_fetch_and(&p->armed, ~what) & what))
+		return 0;                     /* someone else kicked already */
+	static const unsigned char tok = SHM_TOKEN_BYTE;
+	long r = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+			 NULL, 0);
+	return r < 0 ? -errno : 1;
+}
+
+static int shm_drain(struct fab_ep *ep, int wfd)
+{
+	(void)ep;
+	unsigned char buf[256];
+	for (;;) {
+		long r = syscall(SYS_recvfrom, wfd, buf, sizeof buf, MSG_DONTWAIT,
+				 NULL, NULL);
+		if (r > 0) {
+			if ((size_t)r < sizeof buf)
+				return 0;
+			continue;
+		}
+		if (r == 0)
+			return 1;             /* TCP FIN: the peer's socket is closed */
+		if (errno == EAGAIN || errno == EINTR)
+			return 0;
+		return -errno;                /* ECONNRESET etc. */
+	}
+}
+
+static void shm_detach(struct fab_ep *ep)
+{
+	if (ep->base)
+		munmap(ep->base, ep->len);
+	ep->base = NULL;
+}
+
+const struct fab_ops fab_shm_ops = {
+	.name       = "shm",
+	.tx_buf     = shm_tx_buf,
+	.post       = shm_post,
+	.rx_peek    = shm_rx_peek,
+	.rx_release = shm_rx_release,
+	.credits    = shm_credits,
+	.rx_pending = shm_rx_pending,
+	.tx_seq     = shm_tx_seq,
+	.rx_seq     = shm_rx_seq,
+	.rdma_read  = shm_rdma_read,
+	.rdma_write = shm_rdma_write,
+	.arm        = shm_arm,
+	.disarm     = shm_disarm,
+	.kick       = shm_kick,
+	.drain      = shm_drain,
+	.detach     = shm_detach,
+};

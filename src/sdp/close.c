@@ -1,0 +1,86 @@
+/*
+ * close.c - the close state machine: half-close, orderly close, abort.
+ *
+ *   shutdown(SHUT_WR)  -> DisConn message (TCP FIN) + FIN mark in our
+ *                         control block, which also works without a credit;
+ *                         the peer reads EOF after our last byte.
+ *   shutdown(SHUT_RD)  -> local only: reads return EOF.
+ *   last close         -> unread data or SO_LINGER 0: AbortConn (TCP RST);
+ *                         otherwise DisConn. Then the TCP socket is closed by
+ *                         the switch: the kernel's FIN/RST on it is what the
+ *                         peer's wait object reports if it sleeps.
+ * The connection memory stays mapped by the peer until it has read the
+ * last byte, so a close never loses queued data.
+ */
+#include <errno.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include "sdp/conn.h"
+#include "sdp/proto.h"
+#include "sdp/sys.h"
+
+int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
+		 int iovcnt, size_t off, size_t len);
+
+static void send_fin(struct sdp_conn *c, int fd)
+{
+	if (sdp_lock(&c->tx_lock))
+		return;
+	if (!atomic_exchange(&c->tx_shut, 1)) {
+		shm_set_fin(&c->ep);
+		if (c->ep.ops->credits(&c->ep) > 0)
+			sdp_post_msg(c, fd, SDP_MID_DISCONN, NULL, 0, 0, 0);
+		else
+			c->ep.ops->kick(&c->ep, fd, FAB_WAIT_RX);
+	}
+	sdp_unlock(&c->tx_lock);
+}
+
+int sdp_shutdown(struct sdp_conn *c, int fd, int how)
+{
+	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+		return -EINVAL;
+	if (how == SHUT_RD || how == SHUT_RDWR) {
+		atomic_store(&c->rx_shut, 1);
+		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
+	}
+	if (how == SHUT_WR || how == SHUT_RDWR)
+		send_fin(c, fd);
+	return 0;
+}
+
+void sdp_release(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	if (atomic_fetch_sub(&c->nproc, 1) > 1) {
+		/* Another process (fork) still holds the socket: drop only our
+		 * own mapping (the struct is shared, the mapping is not). */
+		munmap(ep->base, ep->len);
+		return;
+	}
+	uint32_t st = atomic_load(&c->state);
+	if (st != SDP_ST_RESET) {
+		/* TCP sends RST when closing with unread data. */
+		bool unread = sdp_fionread(c) > 0;
+		if (unread || atomic_load(&c->linger0)) {
+			if (sdp_lock(&c->tx_lock) == 0) {
+				shm_set_abort(ep);
+				if (ep->ops->credits(ep) > 0)
+					sdp_post_msg(c, fd, SDP_MID_ABORT, NULL, 0, 0, 0);
+				sdp_unlock(&c->tx_lock);
+			}
+			struct linger lg = { 1, 0 };
+			sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+		} else {
+			send_fin(c, fd);
+		}
+	}
+	/* Stop asking for kicks and eat tokens already queued, so that the
+	 * kernel closes the TCP socket with a FIN rather than an RST. */
+	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT);
+	ep->ops->drain(ep, fd);
+	atomic_store(&c->state, SDP_ST_CLOSED);
+	ep->ops->detach(ep);
+	sdp_conn_free(c);
+}

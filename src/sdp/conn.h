@@ -1,0 +1,139 @@
+/*
+ * conn.h - an SDP connection as the engine sees it, and the engine's API.
+ *
+ * A struct sdp_conn lives in the process's connection pool (pool.c), a
+ * MAP_SHARED memfd inherited by forked children, so that a parent and a
+ * child holding the same socket share one receive position, one set of
+ * locks and one set of counters, exactly as they share one kernel socket.
+ * `sdp stat` maps the same pool read-only to list connections.
+ *
+ * Engine functions return >= 0 or -errno; the switch converts to -1/errno.
+ */
+#ifndef SDP_CONN_H
+#define SDP_CONN_H
+
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+
+#include "sdp.h"
+#include "fabric/fabric.h"
+
+enum sdp_state {
+	SDP_ST_FREE = 0,
+	SDP_ST_CONNECTING,     /* hello sent, TCP connect in progress */
+	SDP_ST_ESTABLISHED,
+	SDP_ST_CLOSED,         /* this process closed it (slot draining) */
+	SDP_ST_RESET,          /* aborted: peer RST/AbortConn or protocol error */
+};
+
+enum sdp_mode {                /* delivery mode of our send side */
+	SDP_MODE_BUFFERED = 0,     /* Buffer Copy only */
+	SDP_MODE_COMBINED = 1,
+	SDP_MODE_PIPELINED = 2,
+};
+
+union sdp_addr {
+	struct sockaddr     sa;
+	struct sockaddr_in  in;
+	struct sockaddr_in6 in6;
+};
+
+struct sdp_conn {
+	_Atomic uint32_t inuse;        /* pool slot allocated */
+	uint32_t idx;                  /* slot index */
+	int32_t  creator_pid;
+	uint8_t  role;                 /* SDP_ROLE_CLIENT / SDP_ROLE_SERVER */
+	uint8_t  mode;                 /* enum sdp_mode */
+	uint16_t pad0;
+	uint64_t tcp_ino;              /* inode of the TCP socket (for sdp stat) */
+	union sdp_addr local, remote;  /* TCP: getsockname / getpeername */
+	uint64_t created_ns;
+
+	_Atomic uint32_t state;        /* enum sdp_state */
+	_Atomic uint32_t nproc;        /* processes holding an fd to it */
+	_Atomic uint32_t nwaiters;     /* threads blocked in send/recv */
+	_Atomic uint32_t nonblock;     /* O_NONBLOCK of the open file (TCP: f_flags) */
+	_Atomic int64_t  sndtimeo_us;  /* SO_SNDTIMEO, 0 = none */
+	_Atomic uint32_t spin_us;      /* busy-poll before blocking */
+	_Atomic uint32_t zcopy_thresh; /* bytes; 0 = zero copy off */
+	_Atomic uint32_t rx_shut;      /* shutdown(SHUT_RD) done */
+	_Atomic uint32_t tx_shut;      /* shutdown(SHUT_WR) done (FIN sent) */
+	_Atomic uint32_t rx_eof;       /* DisConn consumed: reads return 0 */
+	_Atomic uint32_t peer_gone;    /* wait fd saw TCP FIN (1) or RST (2) */
+	_Atomic int32_t  so_error;     /* pending error (TCP: sk_err) */
+	_Atomic uint32_t linger0;      /* SO_LINGER on with 0 s: close = abort */
+
+	uint32_t rx_off;               /* bytes of the head Data message consumed */
+	uint32_t tx_mseq;              /* last BSDH mseq sent */
+
+	pthread_mutex_t tx_lock;       /* robust, process-shared */
+	pthread_mutex_t rx_lock;
+
+	struct sdp_sock_stats st;      /* counters (sdp.h); updated under locks */
+	struct fab_ep ep;              /* fabric endpoint */
+};
+
+/* ---- pool.c --------------------------------------------------------------- */
+int  sdp_pool_init(void);                         /* once per process image */
+void sdp_pool_atfork_child(void);
+struct sdp_conn *sdp_conn_alloc(void);
+void sdp_conn_free(struct sdp_conn *c);
+void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
+void sdp_proc_bytes(uint64_t tx, uint64_t rx);
+void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
+int  sdp_lock(pthread_mutex_t *m);
+void sdp_unlock(pthread_mutex_t *m);
+
+/* ---- tx.c / rx.c (Buffer Copy data path) ---------------------------------- */
+ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
+		 int iovcnt, int flags);
+ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
+		 int iovcnt, int flags);
+int     sdp_fionread(struct sdp_conn *c);
+/* Readiness as poll(2) bits, from shared state only (no syscalls). */
+unsigned sdp_events(struct sdp_conn *c);
+/* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
+ * events wanted; then re-check sdp_events. */
+void    sdp_arm(struct sdp_conn *c, unsigned events);
+/* The fd was reported readable by the kernel: consume wake-up tokens and
+ * note a TCP FIN/RST from the peer process. */
+void    sdp_on_wakeup(struct sdp_conn *c, int fd);
+/* Common wait used by tx and rx: spin, arm, sleep. */
+int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo);
+void    sdp_conn_abort(struct sdp_conn *c, int err);
+
+/* ---- close.c -------------------------------------------------------------- */
+int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
+/* Last fd of this process closes: FIN or abort, unmap, maybe free. */
+void sdp_release(struct sdp_conn *c, int fd);
+
+/* ---- hello.c: rendezvous and connection set-up ---------------------------- */
+struct sdp_listener;
+int  sdp_listener_open(int fd, struct sdp_listener **out);
+void sdp_listener_close(struct sdp_listener *l);
+void sdp_listener_atfork_child(struct sdp_listener *l);
+/* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);
+/* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
+ * and return the new connection (state CONNECTING); NULL means plain TCP. */
+struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
+				   socklen_t len);
+void sdp_connect_done(struct sdp_conn *c, int fd, int err);
+
+/* ---- tunables (switch/config.c) ------------------------------------------- */
+struct sdp_tunables {
+	uint32_t spin_us;
+	uint32_t zcopy_thresh;
+	uint32_t nslots;
+	uint32_t slot_size;
+};
+extern struct sdp_tunables sdp_tun;
+
+uint64_t sdp_now_ns(void);
+
+#endif

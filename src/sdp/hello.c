@@ -1,0 +1,520 @@
+/*
+ * hello.c - how two SDP endpoints on one host find each other and agree.
+ *
+ * Listener: when an application listens on a TCP socket that policy allows
+ * for SDP, we publish a rendezvous: an abstract AF_UNIX SOCK_SEQPACKET socket
+ * named after the listening address and port (and our uid). Abstract names
+ * vanish with their last holder: nothing is left behind on a crash.
+ *
+ * Client: before its TCP connect, a client allowed to use SDP looks for the
+ * rendezvous of the destination (exact address, then the wildcard of its
+ * family, then the IPv6 wildcard). If there is none, the connection is plain
+ * TCP and no SDP byte is ever sent. If there is one, and the listener was
+ * created by a process of our uid (SO_PEERCRED), the client picks its local
+ * port (bind), creates the connection memory (a sealed memfd), and sends a
+ * hello naming the TCP 4-tuple with the memfd attached (SCM_RIGHTS). Only
+ * then does it connect. The connection is SDP from the client's side.
+ *
+ * Server: after accept() returns a TCP socket, the switch looks for the hello
+ * of that 4-tuple in the rendezvous queue. Because the hello was queued
+ * before the TCP connection existed, "no hello" means "not an SDP client":
+ * the decision needs no timeout and no byte on the TCP stream. A hello is
+ * accepted only from the listener's uid (SO_PEERCRED).
+ *
+ * Forked servers (one listening socket, several accepting processes) share
+ * the rendezvous: each process takes the queue's hellos under a process-
+ * shared lock, keeps the one it needs and puts the others back before
+ * unlocking, so whichever process accepts a connection finds its hello.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <signal.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+
+#include "sdp/conn.h"
+#include "sdp/proto.h"
+#include "sdp/sys.h"
+#include "switch/log.h"
+
+#define HELLO_STALE_NS (120ull * 1000000000ull)
+
+struct pending {
+	struct sdp_hello h;
+	int memfd;
+};
+
+struct lshared {                   /* shared by processes forked after listen */
+	pthread_mutex_t lock;
+	_Atomic uint32_t nproc;
+};
+
+struct sdp_listener {
+	int rv;                        /* rendezvous socket (abstract, listening) */
+	struct sockaddr_un name;
+	socklen_t namelen;
+	uid_t uid;                     /* creator: the only uid we take hellos from */
+	struct lshared *sh;
+	struct pending *pend;
+	int npend, cap;
+};
+
+/* ---- addresses -------------------------------------------------------------- */
+
+struct key {                       /* normalized address: v4-mapped -> v4 */
+	uint16_t family;
+	uint8_t  addr[16];
+	uint16_t port;                 /* network order */
+};
+
+static int key_of(const struct sockaddr *sa, socklen_t len, struct key *k)
+{
+	memset(k, 0, sizeof *k);
+	if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+		const struct sockaddr_in *in = (const void *)sa;
+		k->family = AF_INET;
+		memcpy(k->addr, &in->sin_addr, 4);
+		k->port = in->sin_port;
+		return 0;
+	}
+	if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+		const struct sockaddr_in6 *in6 = (const void *)sa;
+		k->port = in6->sin6_port;
+		if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
+			k->family = AF_INET;
+			memcpy(k->addr, &in6->sin6_addr.s6_addr[12], 4);
+		} else {
+			k->family = AF_INET6;
+			memcpy(k->addr, &in6->sin6_addr, 16);
+		}
+		return 0;
+	}
+	return -EAFNOSUPPORT;
+}
+
+static socklen_t rv_name(struct sockaddr_un *un, uid_t uid, const struct key *k)
+{
+	memset(un, 0, sizeof *un);
+	un->sun_family = AF_UNIX;
+	char *p = un->sun_path + 1;       /* abstract namespace */
+	int n = snprintf(p, sizeof un->sun_path - 1, "sdp1.%u.%u.%u.",
+			 (unsigned)uid, (unsigned)k->family, (unsigned)ntohs(k->port));
+	int alen = k->family == AF_INET ? 4 : 16;
+	for (int i = 0; i < alen; i++)
+		n += snprintf(p + n, sizeof un->sun_path - 1 - (size_t)n, "%02x", k->addr[i]);
+	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+}
+
+/* Is this address one of this host's (so a local listener can serve it)? */
+static bool is_local(const struct key *k)
+{
+	if (k->family == AF_INET && k->addr[0] == 127)
+		return true;
+	static const uint8_t lo6[16] = { [15] = 1 };
+	if (k->family == AF_INET6 && !memcmp(k->addr, lo6, 16))
+		return true;
+	struct ifaddrs *ifa, *i;
+	if (getifaddrs(&ifa) < 0)
+		return false;
+	bool found = false;
+	for (i = ifa; i && !found; i = i->ifa_next) {
+		if (!i->ifa_addr || !(i->ifa_flags & IFF_UP))
+			continue;
+		struct key ik;
+		socklen_t l = i->ifa_addr->sa_family == AF_INET ?
+			      sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+		if (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)
+			continue;
+		if (key_of(i->ifa_addr, l, &ik) == 0 && ik.family == k->family &&
+		    !memcmp(ik.addr, k->addr, k->family == AF_INET ? 4 : 16))
+			found = true;
+	}
+	freeifaddrs(ifa);
+	return found;
+}
+
+/* ---- listener ---------------------------------------------------------------- */
+
+int sdp_listener_open(int fd, struct sdp_listener **out)
+{
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	struct key k;
+	int one = 0;
+	socklen_t ol = sizeof one;
+	*out = NULL;
+	if (sys_getsockname(fd, &a, &len) < 0 || key_of(&a.sa, len, &k) < 0)
+		return -errno;
+	/* SO_REUSEPORT spreads connections over several listeners that we
+	 * cannot tell apart: stay on TCP. */
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one)
+		return 0;
+	struct sdp_listener *l = calloc(1, sizeof *l);
+	if (!l)
+		return -ENOMEM;
+	l->uid = geteuid();
+	l->namelen = rv_name(&l->name, l->uid, &k);
+	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (l->rv < 0)
+		goto fail;
+	if (sys_bind(l->rv, &l->name, l->namelen) < 0 || sys_listen(l->rv, 4096) < 0) {
+		sdp_log(2, "rendezvous for fd %d not published: %s", fd, strerror(errno));
+		goto fail;
+	}
+	l->sh = mmap(NULL, sizeof *l->sh, PROT_READ | PROT_WRITE,
+		     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (l->sh == MAP_FAILED)
+		goto fail;
+	pthread_mutexattr_t ma;
+	pthread_mutexattr_init(&ma);
+	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(&l->sh->lock, &ma);
+	pthread_mutexattr_destroy(&ma);
+	atomic_store(&l->sh->nproc, 1);
+	*out = l;
+	return 0;
+fail:;
+	int e = -errno;
+	if (l->rv >= 0)
+		sys_close(l->rv);
+	free(l);
+	return e;
+}
+
+void sdp_listener_close(struct sdp_listener *l)
+{
+	if (!l)
+		return;
+	for (int i = 0; i < l->npend; i++)
+		sys_close(l->pend[i].memfd);
+	free(l->pend);
+	sys_close(l->rv);
+	if (l->sh && l->sh != MAP_FAILED) {
+		atomic_fetch_sub(&l->sh->nproc, 1);
+		munmap(l->sh, sizeof *l->sh);
+	}
+	free(l);
+}
+
+void sdp_listener_atfork_child(struct sdp_listener *l)
+{
+	atomic_fetch_add(&l->sh->nproc, 1);
+}
+
+/* Send a hello with its memfd on a fresh connection to a rendezvous name.
+ * Returns 0 or -errno. If peer_uid is given, the rendezvous owner must be
+ * that uid. */
+static int hello_put(int s, const struct sdp_hello *h, int memfd)
+{
+	int r = 0;
+	struct iovec iov = { (void *)h, sizeof *h };
+	union { struct cmsghdr c; char buf[CMSG_SPACE(sizeof(int))]; } u;
+	memset(&u, 0, sizeof u);
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+			    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+	cm->cmsg_level = SOL_SOCKET;
+	cm->cmsg_type = SCM_RIGHTS;
+	cm->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(cm), &memfd, sizeof memfd);
+	if (sys_sendmsg(s, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *h)
+		r = errno ? -errno : -EIO;
+	return r;
+}
+
+/* Open a connection to a rendezvous; if peer_uid is given its owner must
+ * be that uid. Returns the socket or -errno. */
+static int rv_connect(const struct sockaddr_un *name, socklen_t nl,
+		      const uid_t *peer_uid)
+{
+	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (s < 0)
+		return -errno;
+	if (sys_connect(s, name, nl) < 0) {
+		int e = -errno;
+		sys_close(s);
+		return e;
+	}
+	if (peer_uid) {
+		struct ucred cr;
+		socklen_t cl = sizeof cr;
+		if (sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
+		    cr.uid != *peer_uid) {
+			sys_close(s);
+			return -EPERM;
+		}
+	}
+	return s;
+}
+
+static int hello_send(const struct sockaddr_un *name, socklen_t nl,
+		      const struct sdp_hello *h, int memfd)
+{
+	int s = rv_connect(name, nl, NULL);
+	if (s < 0)
+		return s;
+	int r = hello_put(s, h, memfd);
+	sys_close(s);
+	return r;
+}
+
+/* Take every queued hello into l->pend. */
+static void drain_queue(struct sdp_listener *l)
+{
+	for (;;) {
+		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC);
+		if (s < 0)
+			return;
+		struct ucred cr;
+		socklen_t cl = sizeof cr;
+		struct sdp_hello h;
+		union { struct cmsghdr c; char buf[CMSG_SPACE(sizeof(int))]; } u;
+		struct iovec iov = { &h, sizeof h };
+		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+				    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+		/* The client sent before connecting its TCP socket, and the
+		 * message is complete once its connect() on this socket
+		 * returned: a blocking read cannot wait long. */
+		ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC);
+		int memfd = -1;
+		struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL;
+		if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
+		    cm->cmsg_len == CMSG_LEN(sizeof(int)))
+			memcpy(&memfd, CMSG_DATA(cm), sizeof memfd);
+		bool ok = n == (ssize_t)sizeof h && memfd >= 0 &&
+			  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+			  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
+			  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
+			  cr.uid == l->uid;
+		sys_close(s);
+		if (!ok) {
+			if (memfd >= 0)
+				sys_close(memfd);
+			sdp_log(2, "rendezvous: dropped a malformed or foreign hello");
+			continue;
+		}
+		if (l->npend == l->cap) {
+			int nc = l->cap ? l->cap * 2 : 16;
+			struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
+			if (!np) {
+				sys_close(memfd);
+				continue;
+			}
+			l->pend = np;
+			l->cap = nc;
+		}
+		l->pend[l->npend].h = h;
+		l->pend[l->npend].memfd = memfd;
+		l->npend++;
+	}
+}
+
+static void drop_pending(struct sdp_listener *l, int i)
+{
+	sys_close(l->pend[i].memfd);
+	l->pend[i] = l->pend[--l->npend];
+}
+
+static bool pending_stale(const struct pending *p, uint64_t now)
+{
+	if (now > p->h.time_ns && now - p->h.time_ns > HELLO_STALE_NS)
+		return true;
+	return kill(p->h.pid, 0) < 0 && errno == ESRCH;
+}
+
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
+{
+	union sdp_addr la, pa;
+	socklen_t ll = sizeof la, pl = sizeof pa;
+	struct key lk, pk;
+	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
+	    sys_getpeername(newfd, &pa, &pl) < 0 ||
+	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
+		return NULL;
+	if (!is_local(&pk))
+		return NULL;              /* a remote client cannot have said hello */
+
+	bool shared = atomic_load(&l->sh->nproc) > 1;
+	if (shared && sdp_lock(&l->sh->lock))
+		return NULL;
+	drain_queue(l);
+	int best = -1;
+	uint64_t now = sdp_now_ns();
+	for (int i = 0; i < l->npend; i++) {
+		const struct sdp_hello *h = &l->pend[i].h;
+		if (h->family == lk.family && h->src_port == pk.port &&
+		    h->dst_port == lk.port &&
+		    !memcmp(h->dst_addr, lk.addr, lk.family == AF_INET ? 4 : 16) &&
+		    (best < 0 || h->time_ns > l->pend[best].h.time_ns))
+			best = i;
+	}
+	struct pending mine = { .memfd = -1 };
+	if (best >= 0) {
+		mine = l->pend[best];
+		l->pend[best] = l->pend[--l->npend];
+	}
+	/* Drop hellos whose client died or that are very old. */
+	if (l->npend > 32)
+		for (int i = l->npend - 1; i >= 0; i--)
+			if (pending_stale(&l->pend[i], now))
+				drop_pending(l, i);
+	if (shared) {
+		/* Put back what others may need, then let them look. */
+		for (int i = l->npend - 1; i >= 0; i--) {
+			hello_send(&l->name, l->namelen, &l->pend[i].h,
+				   l->pend[i].memfd);
+			drop_pending(l, i);
+		}
+		sdp_unlock(&l->sh->lock);
+	}
+	if (mine.memfd < 0)
+		return NULL;
+
+	struct sdp_conn *c = sdp_conn_alloc();
+	if (!c) {
+		sys_close(mine.memfd);
+		return NULL;
+	}
+	int r = shm_ep_attach(&c->ep, mine.memfd, 1);
+	sys_close(mine.memfd);
+	if (r < 0 || shm_token(&c->ep) != mine.h.token ||
+	    shm_get_state(&c->ep) == SHM_ST_FAILED) {
+		sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
+		if (r == 0)
+			c->ep.ops->detach(&c->ep);
+		sdp_conn_free(c);
+		return NULL;
+	}
+	c->ep.peer_pid = mine.h.pid;
+	c->role = 1;
+	c->local = la;
+	c->remote = pa;
+	shm_set_pid(&c->ep);
+	shm_set_state(&c->ep, SHM_ST_ATTACHED);
+	atomic_store(&c->state, SDP_ST_ESTABLISHED);
+	return c;
+}
+
+/* ---- client ------------------------------------------------------------------ */
+
+struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
+				   socklen_t len)
+{
+	struct key dk;
+	if (key_of(dst, len, &dk) < 0 || !is_local(&dk))
+		return NULL;
+	uid_t uid = geteuid();
+
+	/* Which rendezvous serves dst? exact, family wildcard, v6 wildcard. */
+	struct key cand[3];
+	int nc = 0;
+	cand[nc++] = dk;
+	struct key w = dk;
+	memset(w.addr, 0, sizeof w.addr);
+	cand[nc++] = w;
+	if (dk.family == AF_INET) {
+		w.family = AF_INET6;
+		cand[nc++] = w;
+	}
+	struct sockaddr_un name;
+	int rv = -1;
+	for (int i = 0; i < nc && rv < 0; i++) {
+		socklen_t nl = rv_name(&name, uid, &cand[i]);
+		rv = rv_connect(&name, nl, &uid);
+		if (rv == -EPERM)
+			return NULL;          /* squatted by another user: TCP */
+	}
+	if (rv < 0)
+		return NULL;
+	struct sdp_conn *c = NULL;
+	int memfd = -1;
+
+	/* Our local port must be known before the hello: bind if needed. */
+	union sdp_addr la;
+	socklen_t ll = sizeof la;
+	struct key lk;
+	if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
+		goto fail;
+	if (lk.port == 0) {
+		union sdp_addr any;
+		memset(&any, 0, sizeof any);
+		any.sa.sa_family = la.sa.sa_family;
+		if (sys_bind(fd, &any, la.sa.sa_family == AF_INET ?
+			     sizeof any.in : sizeof any.in6) < 0)
+			goto fail;
+		ll = sizeof la;
+		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
+			goto fail;
+	}
+
+	struct sdp_hello h = {
+		.magic = SDP_HELLO_MAGIC,
+		.version = SDP_PROTO_VERSION,
+		.family = dk.family,
+		.dst_port = dk.port,
+		.src_port = lk.port,
+		.nslots = sdp_tun.nslots,
+		.slot_size = sdp_tun.slot_size,
+		.pid = (int32_t)getpid(),
+		.time_ns = sdp_now_ns(),
+	};
+	memcpy(h.dst_addr, dk.addr, sizeof h.dst_addr);
+	if (getrandom(&h.token, sizeof h.token, GRND_NONBLOCK) != sizeof h.token)
+		h.token = h.time_ns ^ ((uint64_t)getpid() << 32);
+
+	memfd = shm_region_create(h.nslots, h.slot_size, h.token);
+	if (memfd < 0)
+		goto fail;
+	c = sdp_conn_alloc();
+	if (!c)
+		goto fail;
+	if (shm_ep_attach(&c->ep, memfd, 0) < 0) {
+		sdp_conn_free(c);
+		c = NULL;
+		goto fail;
+	}
+	if (hello_put(rv, &h, memfd) < 0) {
+		c->ep.ops->detach(&c->ep);
+		sdp_conn_free(c);
+		c = NULL;
+		goto fail;
+	}
+	sys_close(memfd);
+	sys_close(rv);
+	c->role = 2;
+	c->local = la;
+	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
+	shm_set_pid(&c->ep);
+	atomic_store(&c->state, SDP_ST_CONNECTING);
+	return c;
+fail:
+	if (memfd >= 0)
+		sys_close(memfd);
+	sys_close(rv);
+	return NULL;
+}
+
+void sdp_connect_done(struct sdp_conn *c, int fd, int err)
+{
+	(void)fd;
+	if (err) {
+		shm_set_state(&c->ep, SHM_ST_FAILED);
+		atomic_store(&c->state, SDP_ST_RESET);
+		return;
+	}
+	if (shm_get_state(&c->ep) == SHM_ST_CONNECTING)
+		shm_set_state(&c->ep, SHM_ST_CONNECTED);
+	union sdp_addr la;
+	socklen_t ll = sizeof la;
+	if (sys_getsockname(fd, &la, &ll) == 0)
+		c->local = la;
+	atomic_store(&c->state, SDP_ST_ESTABLISHED);
+}

@@ -1,0 +1,211 @@
+/*
+ * pool.c - the per-process connection pool and per-process counters.
+ *
+ * Connections are allocated from a MAP_SHARED memfd so that they survive
+ * fork() shared (one socket, one state, like the kernel's struct sock) and
+ * so that `sdp stat` can read them. Slots are claimed with a CAS on inuse.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sdp/pool.h"
+
+static struct sdp_pool_hdr *pool;
+static struct sdp_proc *myproc;
+
+static inline struct sdp_proc *procs(void)
+{
+	return (struct sdp_proc *)((char *)pool + pool->procs_off);
+}
+
+static inline struct sdp_conn *conns(void)
+{
+	return (struct sdp_conn *)((char *)pool + pool->conns_off);
+}
+
+uint64_t sdp_now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void proc_register(void)
+{
+	struct sdp_proc *p = procs();
+	int32_t pid = (int32_t)getpid();
+	myproc = NULL;
+	for (uint32_t i = 0; i < pool->nprocs; i++) {
+		int32_t cur = atomic_load(&p[i].pid);
+		if (cur && cur != pid && kill(cur, 0) < 0 && errno == ESRCH)
+			atomic_compare_exchange_strong(&p[i].pid, &cur, 0);
+		int32_t zero = 0;
+		if (atomic_compare_exchange_strong(&p[i].pid, &zero, pid)) {
+			myproc = &p[i];
+			break;
+		}
+	}
+	if (!myproc)
+		return;
+	memset(myproc->comm, 0, sizeof myproc->comm);
+	int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+	if (fd >= 0) {
+		ssize_t n = read(fd, myproc->comm, sizeof myproc->comm - 1);
+		if (n > 0 && myproc->comm[n - 1] == '\n')
+			myproc->comm[n - 1] = 0;
+		close(fd);
+	}
+	atomic_store(&myproc->sdp_conns, 0);
+	atomic_store(&myproc->tcp_conns, 0);
+	atomic_store(&myproc->tx_bytes, 0);
+	atomic_store(&myproc->rx_bytes, 0);
+}
+
+int sdp_pool_init(void)
+{
+	size_t len = sdp_pool_size();
+	int fd = (int)syscall(SYS_memfd_create, SDP_POOL_NAME, MFD_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)len) < 0) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	/* Keep the fd open: it is how `sdp stat` finds the pool. Move it high
+	 * so it does not take the numbers applications expect. */
+	int hi = fcntl(fd, F_DUPFD_CLOEXEC, 900);
+	if (hi >= 0) {
+		close(fd);
+		fd = hi;
+	}
+	pool = p;
+	pool->magic = SDP_POOL_MAGIC;
+	pool->version = SDP_POOL_VERSION;
+	pool->nprocs = SDP_POOL_PROCS;
+	pool->nconns = SDP_POOL_CONNS;
+	pool->conn_size = sizeof(struct sdp_conn);
+	pool->procs_off = 4096;
+	pool->conns_off = (uint32_t)(sdp_pool_size() - (size_t)SDP_POOL_CONNS * sizeof(struct sdp_conn));
+	proc_register();
+	return 0;
+}
+
+void sdp_pool_atfork_child(void)
+{
+	if (pool)
+		proc_register();
+}
+
+static void mutex_init(pthread_mutex_t *m)
+{
+	pthread_mutexattr_t a;
+	pthread_mutexattr_init(&a);
+	pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+	pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+	pthread_mutex_init(m, &a);
+	pthread_mutexattr_destroy(&a);
+}
+
+int sdp_lock(pthread_mutex_t *m)
+{
+	int r = pthread_mutex_lock(m);
+	if (r == EOWNERDEAD) {          /* a process died holding it */
+		pthread_mutex_consistent(m);
+		r = 0;
+	}
+	return -r;
+}
+
+void sdp_unlock(pthread_mutex_t *m)
+{
+	pthread_mutex_unlock(m);
+}
+
+struct sdp_conn *sdp_conn_alloc(void)
+{
+	if (!pool)
+		return NULL;
+	uint32_t n = pool->nconns;
+	uint32_t start = atomic_fetch_add(&pool->hint, 1) % n;
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t i = (start + k) % n;
+		struct sdp_conn *c = &conns()[i];
+		uint32_t zero = 0;
+		if (atomic_load_explicit(&c->inuse, memory_order_relaxed))
+			continue;
+		if (!atomic_compare_exchange_strong(&c->inuse, &zero, 1))
+			continue;
+		memset((char *)c + sizeof c->inuse, 0, sizeof *c - sizeof c->inuse);
+		c->idx = i;
+		c->creator_pid = (int32_t)getpid();
+		c->created_ns = sdp_now_ns();
+		atomic_store(&c->nproc, 1);
+		atomic_store(&c->spin_us, sdp_tun.spin_us);
+		atomic_store(&c->zcopy_thresh, sdp_tun.zcopy_thresh);
+		mutex_init(&c->tx_lock);
+		mutex_init(&c->rx_lock);
+		return c;
+	}
+	return NULL;
+}
+
+void sdp_conn_free(struct sdp_conn *c)
+{
+	atomic_store(&c->state, SDP_ST_FREE);
+	atomic_store(&c->inuse, 0);
+}
+
+void sdp_proc_count(int sdp, int tcp)
+{
+	if (!myproc)
+		return;
+	if (sdp)
+		atomic_fetch_add(&myproc->sdp_conns, (uint64_t)sdp);
+	if (tcp)
+		atomic_fetch_add(&myproc->tcp_conns, (uint64_t)tcp);
+}
+
+void sdp_proc_bytes(uint64_t tx, uint64_t rx)
+{
+	if (!myproc)
+		return;
+	if (tx)
+		atomic_fetch_add_explicit(&myproc->tx_bytes, tx, memory_order_relaxed);
+	if (rx)
+		atomic_fetch_add_explicit(&myproc->rx_bytes, rx, memory_order_relaxed);
+}
+
+void sdp_proc_write_stats(const char *dir)
+{
+	if (!myproc || !dir || !*dir)
+		return;
+	char path[4096], tmp[4200];
+	snprintf(path, sizeof path, "%s/%s.%d.json", dir, myproc->comm, (int)getpid());
+	snprintf(tmp, sizeof tmp, "%s.tmp", path);
+	FILE *f = fopen(tmp, "we");
+	if (!f)
+		return;
+	fprintf(f, "{\"pid\": %d, \"comm\": \"%s\", \"sdp_conns\": %llu, "
+		"\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu}\n",
+		(int)getpid(), myproc->comm,
+		(unsigned long long)atomic_load(&myproc->sdp_conns),
+		(unsigned long long)atomic_load(&myproc->tcp_conns),
+		(unsigned long long)atomic_load(&myproc->tx_bytes),
+		(unsigned long long)atomic_load(&myproc->rx_bytes));
+	fclose(f);
+	rename(tmp, path);
+}

@@ -1,0 +1,129 @@
+/*
+ * tx.c - the send side: Buffer Copy of stream bytes into Data messages.
+ *
+ * send() copies the application's bytes into the peer's receive buffers, one
+ * Data message (BSDH + payload) per buffer, as long as it holds credits.
+ * Without credits a blocking send waits for the peer to consume (TCP: a full
+ * send window); a nonblocking one returns what it queued or EAGAIN. Each
+ * posted message kicks the peer if it sleeps. A blocking send returns only
+ * when every byte is queued, unless a signal or SO_SNDTIMEO interrupts it
+ * (then the partial count, as TCP).
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "sdp/conn.h"
+#include "sdp/proto.h"
+
+static size_t iov_total(const struct iovec *iov, int n)
+{
+	size_t t = 0;
+	for (int i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+/* Copy len bytes starting at stream offset off of the iovec into dst. */
+static void iov_gather(void *dst, const struct iovec *iov, int n, size_t off,
+		       size_t len)
+{
+	char *d = dst;
+	for (int i = 0; i < n && len; i++) {
+		if (off >= iov[i].iov_len) {
+			off -= iov[i].iov_len;
+			continue;
+		}
+		size_t k = iov[i].iov_len - off;
+		if (k > len)
+			k = len;
+		memcpy(d, (char *)iov[i].iov_base + off, k);
+		d += k;
+		len -= k;
+		off = 0;
+	}
+}
+
+/* Post one control or data message; caller holds tx_lock and a credit. */
+int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
+		 int iovcnt, size_t off, size_t len)
+{
+	struct fab_ep *ep = &c->ep;
+	size_t cap;
+	char *buf = ep->ops->tx_buf(ep, &cap);
+	struct sdp_bsdh h = {
+		.mid = mid,
+		.flags = 0,
+		.bufs = (uint16_t)(ep->nslots - ep->ops->rx_pending(ep)),
+		.len = (uint32_t)(sizeof h + len),
+		.mseq = ++c->tx_mseq,
+		.mseq_ack = (uint32_t)ep->ops->rx_seq(ep),
+	};
+	if (len)
+		iov_gather(buf + sizeof h, iov, iovcnt, off, len);
+	memcpy(buf, &h, sizeof h);
+	ep->ops->post(ep, sizeof h + len);
+	c->st.tx_msgs++;
+	if (ep->ops->kick(ep, fd, FAB_WAIT_RX) > 0)
+		c->st.doorbells_tx++;
+	return 0;
+}
+
+static int tx_error(struct sdp_conn *c)
+{
+	int e = atomic_load(&c->so_error);
+	if (e) {
+		atomic_store(&c->so_error, 0);
+		return -e;
+	}
+	if (atomic_load(&c->state) == SDP_ST_RESET || shm_peer_abort(&c->ep))
+		return -EPIPE;
+	if (atomic_load(&c->tx_shut))
+		return -EPIPE;
+	if (atomic_load(&c->peer_gone))
+		return -EPIPE;
+	return 0;
+}
+
+ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
+		 int iovcnt, int flags)
+{
+	size_t total = iov_total(iov, iovcnt);
+	bool nonblock = (flags & MSG_DONTWAIT) || atomic_load(&c->nonblock);
+	struct fab_ep *ep = &c->ep;
+
+	int r = sdp_lock(&c->tx_lock);
+	if (r)
+		return r;
+	r = tx_error(c);
+	if (r) {
+		sdp_unlock(&c->tx_lock);
+		return r;
+	}
+	size_t payload = ep->slot_size - sizeof(struct sdp_bsdh);
+	size_t done = 0;
+	while (done < total) {
+		if (ep->ops->credits(ep) == 0) {
+			if (nonblock) {
+				r = -EAGAIN;
+				break;
+			}
+			r = sdp_wait(c, fd, FAB_WAIT_CREDIT, false);
+			if (!r)
+				r = tx_error(c);
+			if (r)
+				break;
+			continue;
+		}
+		size_t n = total - done < payload ? total - done : payload;
+		sdp_post_msg(c, fd, SDP_MID_DATA, iov, iovcnt, done, n);
+		done += n;
+	}
+	c->st.tx_bytes += done;
+	c->st.tx_bcopy_bytes += done;
+	c->st.credits = ep->ops->credits(ep);
+	sdp_unlock(&c->tx_lock);
+	sdp_proc_bytes(done, 0);
+	if (done || total == 0)
+		return (ssize_t)done;
+	return r;
+}

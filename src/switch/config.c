@@ -1,0 +1,171 @@
+/*
+ * config.c - start-up of the switch: resolve the real libc entry points,
+ * read tunables from the environment and the policy file, create the
+ * connection pool, and answer "SDP or TCP?" for a socket.
+ *
+ * Policy file: --policy FILE (sdp run sets SDP_CONFIG), else $SDP_CONFIG,
+ * else /etc/sdp.conf. With none, every connection uses SDP when the peer
+ * supports it. Tunables: environment first, then `set` lines of the policy.
+ *   SDP_SPIN_US       busy-poll before blocking (default 40)
+ *   SDP_ZCOPY_THRESH  zero-copy threshold in bytes (0 = off)
+ *   SDP_NSLOTS        receive buffers per direction (default 64)
+ *   SDP_SLOT_SIZE     bytes per receive buffer (default 32768)
+ *   SDP_LOG           0..3
+ *   SDP_STATS_DIR     write per-process totals there at exit
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "switch/switch.h"
+#include "sdp/sys.h"
+
+#define X(ret, name, args) ret (*real_##name) args;
+REAL_FUNCS(X)
+#undef X
+
+int sdp_inited;
+int sdp_log_level;
+const char *sdp_prog = "";
+struct sdp_tunables sdp_tun = {
+	.spin_us = 40,
+	.zcopy_thresh = 0,
+	.nslots = 64,
+	.slot_size = 32768,
+};
+
+static struct sdp_policy *policy;
+static bool have_policy;
+static _Atomic int init_state;          /* 0 new, 1 running, 2 done */
+static __thread int init_thread;
+
+void sdp_logf(const char *fmt, ...)
+{
+	char buf[1024];
+	int n = snprintf(buf, sizeof buf, "sdp[%d]: ", (int)getpid());
+	va_list ap;
+	va_start(ap, fmt);
+	n += vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof buf - 2)
+		n = (int)sizeof buf - 2;
+	buf[n++] = '\n';
+	ssize_t w = syscall(SYS_write, 2, buf, (size_t)n);
+	(void)w;
+}
+
+static void policy_err(const char *msg, void *arg)
+{
+	(void)arg;
+	char buf[1200];
+	int n = snprintf(buf, sizeof buf, "sdp: %s (line ignored)\n", msg);
+	ssize_t w = syscall(SYS_write, 2, buf, (size_t)(n < (int)sizeof buf ? n : (int)sizeof buf - 1));
+	(void)w;
+}
+
+static uint32_t tun_get(const char *env, const char *set, uint32_t def,
+			uint32_t lo, uint32_t hi)
+{
+	const char *v = getenv(env);
+	if ((!v || !*v) && policy)
+		sdp_policy_setting(policy, set, &v);
+	if (!v || !*v)
+		return def;
+	char *end;
+	unsigned long x = strtoul(v, &end, 0);
+	if (*end || x < lo || x > hi) {
+		sdp_logf("ignoring %s=%s (want %u..%u)", env, v, lo, hi);
+		return def;
+	}
+	return (uint32_t)x;
+}
+
+static void at_exit(void)
+{
+	sdp_proc_write_stats(getenv("SDP_STATS_DIR"));
+}
+
+static void atfork_child(void)
+{
+	sdp_pool_atfork_child();
+	fd_atfork_child();
+}
+
+static void do_init(void)
+{
+#define X(ret, name, args) real_##name = (ret (*) args)dlsym(RTLD_NEXT, #name);
+	REAL_FUNCS(X)
+#undef X
+	/* From here on wrappers called by our own start-up (the policy file
+	 * is read with read()) pass straight through. */
+	sdp_inited = 1;
+	const char *l = getenv("SDP_LOG");
+	sdp_log_level = l ? atoi(l) : 0;
+	extern char *program_invocation_short_name;
+	sdp_prog = program_invocation_short_name ? program_invocation_short_name : "";
+
+	const char *path = getenv("SDP_CONFIG");
+	bool explicit = path && *path;
+	if (!explicit)
+		path = "/etc/sdp.conf";
+	int err = 0;
+	policy = sdp_policy_load(path, policy_err, NULL, &err);
+	if (policy) {
+		have_policy = true;
+	} else if (explicit) {
+		sdp_logf("cannot read policy %s: %s; using TCP", path, strerror(-err));
+		have_policy = true;        /* a named but unreadable policy: TCP */
+	}
+	sdp_tun.spin_us = tun_get("SDP_SPIN_US", "spin_us", sdp_tun.spin_us, 0, 1000000);
+	sdp_tun.zcopy_thresh = tun_get("SDP_ZCOPY_THRESH", "zcopy_thresh",
+				       sdp_tun.zcopy_thresh, 0, UINT32_MAX);
+	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
+	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
+				    1024, 1u << 22) & ~63u;
+	int r = sdp_pool_init();
+	if (r < 0)
+		sdp_logf("connection pool unavailable (%s): all sockets stay TCP",
+			 strerror(-r));
+	pthread_atfork(NULL, NULL, atfork_child);
+	atexit(at_exit);
+	sdp_log(1, "libsdp loaded in %s: spin %uus, %u x %u B buffers, policy %s",
+		sdp_prog, sdp_tun.spin_us, sdp_tun.nslots, sdp_tun.slot_size,
+		have_policy ? path : "(none: SDP wherever possible)");
+}
+
+void sdp_init(void)
+{
+	int st = atomic_load(&init_state);
+	if (st == 2 || init_thread)
+		return;
+	st = 0;
+	if (atomic_compare_exchange_strong(&init_state, &st, 1)) {
+		init_thread = 1;
+		do_init();
+		init_thread = 0;
+		atomic_store(&init_state, 2);
+		return;
+	}
+	while (atomic_load(&init_state) != 2)
+		sched_yield();
+}
+
+__attribute__((constructor)) static void sdp_ctor(void)
+{
+	sdp_init();
+}
+
+enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l)
+{
+	if (!have_policy)
+		return SDP_USE_BOTH;
+	if (!policy)
+		return SDP_USE_TCP;
+	return sdp_policy_match(policy, role, sdp_prog, a, l);
+}

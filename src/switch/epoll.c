@@ -1,0 +1,408 @@
+/*
+ * epoll.c - epoll over sets that mix SDP sockets with other fds.
+ *
+ * The kernel cannot know an SDP socket's readiness, so each epoll instance
+ * with SDP members has a shadow list of them (fd, the application's events
+ * and data, edge/one-shot state). In the kernel such a member is registered
+ * level-triggered for EPOLLIN with a tagged data word: it fires when the
+ * peer's kick token or the peer's FIN/RST arrives. epoll_wait reports the
+ * shadow members that are ready (level: while ready; edge: once per new
+ * arrival or credit return; one-shot: once until EPOLL_CTL_MOD), drains the
+ * tokens of tagged kernel events and passes all other events through.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "switch/switch.h"
+#include "sdp/sys.h"
+
+struct sdp_conn *sdp_fd_conn(int fd);
+
+#define TAG      0x5344500000000000ull      /* "SDP" in the top bytes */
+#define TAG_MASK 0xffffff0000000000ull
+
+struct ep_ent {
+	int fd;
+	struct sdp_conn *c;
+	uint32_t events;              /* as the application asked */
+	epoll_data_t data;
+	bool disabled;                /* one-shot fired */
+	bool connecting;              /* kernel registration includes EPOLLOUT */
+	uint64_t last_arrived, last_acked;
+	uint32_t last_ev;
+};
+
+struct ep_shadow {
+	pthread_mutex_t lock;
+	int epfd;
+	struct ep_ent *v;
+	int n, cap;
+	unsigned rr;                  /* round-robin start of the scan */
+	struct ep_shadow *next;
+};
+
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct ep_shadow *all;
+
+static struct ep_shadow *shadow_of(int epfd, bool create)
+{
+	struct fdent *e = fd_get(epfd);
+	if (!e)
+		return NULL;
+	if (atomic_load(&e->kind) == FDK_EPOLL && e->ep)
+		return e->ep;
+	if (!create)
+		return NULL;
+	struct ep_shadow *s = calloc(1, sizeof *s);
+	if (!s)
+		return NULL;
+	pthread_mutex_init(&s->lock, NULL);
+	s->epfd = epfd;
+	pthread_mutex_lock(&all_lock);
+	s->next = all;
+	all = s;
+	pthread_mutex_unlock(&all_lock);
+	e->ep = s;
+	fd_set_kind(epfd, FDK_EPOLL);
+	e->ep = s;
+	return s;
+}
+
+void epoll_shadow_free(struct ep_shadow *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&all_lock);
+	for (struct ep_shadow **p = &all; *p; p = &(*p)->next)
+		if (*p == s) {
+			*p = s->next;
+			break;
+		}
+	pthread_mutex_unlock(&all_lock);
+	free(s->v);
+	free(s);
+}
+
+static int find(struct ep_shadow *s, int fd)
+{
+	for (int i = 0; i < s->n; i++)
+		if (s->v[i].fd == fd)
+			return i;
+	return -1;
+}
+
+static void remove_at(struct ep_shadow *s, int i)
+{
+	s->v[i] = s->v[--s->n];
+}
+
+void epoll_forget_fd(int fd)
+{
+	pthread_mutex_lock(&all_lock);
+	for (struct ep_shadow *s = all; s; s = s->next) {
+		pthread_mutex_lock(&s->lock);
+		int i = find(s, fd);
+		if (i >= 0)
+			remove_at(s, i);
+		pthread_mutex_unlock(&s->lock);
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
+EXPORT int epoll_create(int size)
+{
+	SDP_INIT();
+	int fd = real_epoll_create(size);
+	if (fd >= 0)
+		fd_set_kind(fd, FDK_NONE);
+	return fd;
+}
+
+EXPORT int epoll_create1(int flags)
+{
+	SDP_INIT();
+	int fd = real_epoll_create1(flags);
+	if (fd >= 0)
+		fd_set_kind(fd, FDK_NONE);
+	return fd;
+}
+
+static uint64_t arrived(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return ep->ops->rx_seq(ep) + ep->ops->rx_pending(ep);
+}
+
+static uint64_t acked(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return ep->ops->tx_seq(ep) + ep->ops->credits(ep);
+}
+
+EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+	SDP_INIT();
+	struct sdp_conn *c = sdp_fd_conn(fd);
+	struct ep_shadow *s = shadow_of(epfd, c != NULL);
+	if (!c) {
+		if (s && (op == EPOLL_CTL_DEL || op == EPOLL_CTL_MOD)) {
+			pthread_mutex_lock(&s->lock);
+			int i = find(s, fd);
+			if (i >= 0)
+				remove_at(s, i);
+			pthread_mutex_unlock(&s->lock);
+		}
+		return real_epoll_ctl(epfd, op, fd, ev);
+	}
+	if (!s) {
+		errno = ENOMEM;
+		return -1;
+	}
+	if (op != EPOLL_CTL_DEL && !ev) {
+		errno = EFAULT;
+		return -1;
+	}
+	bool connecting = atomic_load(&c->state) == SDP_ST_CONNECTING;
+	struct epoll_event kev = {
+		.events = EPOLLIN | (connecting ? EPOLLOUT : 0),
+		.data.u64 = TAG | (uint32_t)fd,
+	};
+	pthread_mutex_lock(&s->lock);
+	int i = find(s, fd);
+	int r;
+	if (op == EPOLL_CTL_DEL) {
+		r = real_epoll_ctl(epfd, op, fd, ev);
+		if (i >= 0)
+			remove_at(s, i);
+	} else {
+		r = real_epoll_ctl(epfd, op, fd, &kev);
+		if (r == 0) {
+			if (i < 0) {
+				if (s->n == s->cap) {
+					int nc = s->cap ? s->cap * 2 : 16;
+					struct ep_ent *nv = realloc(s->v, (size_t)nc * sizeof *nv);
+					if (!nv) {
+						pthread_mutex_unlock(&s->lock);
+						real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+						errno = ENOMEM;
+						return -1;
+					}
+					s->v = nv;
+					s->cap = nc;
+				}
+				i = s->n++;
+			}
+			struct ep_ent *e = &s->v[i];
+			memset(e, 0, sizeof *e);
+			e->fd = fd;
+			e->c = c;
+			e->events = ev->events;
+			e->data = ev->data;
+			e->connecting = connecting;
+			e->last_arrived = arrived(c) - 1;   /* edge: report current state */
+			e->last_acked = acked(c) - 1;
+			sdp_arm(c, ev->events);
+		}
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+/* Readiness of one member, as epoll would report it (0 = nothing). */
+static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e)
+{
+	if (e->disabled)
+		return 0;
+	struct sdp_conn *c = e->c;
+	if (e->connecting) {
+		if (atomic_load(&c->state) == SDP_ST_CONNECTING) {
+			if (!sdp_fd_conn(e->fd)) {
+				/* Connect failed: the fd is plain TCP now. */
+				struct epoll_event kev = { .events = e->events, .data = e->data };
+				real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
+				e->c = NULL;
+				return EPOLLOUT | EPOLLERR | EPOLLHUP;
+			}
+			if (atomic_load(&c->state) == SDP_ST_CONNECTING)
+				return 0;
+		}
+		struct epoll_event kev = { .events = EPOLLIN,
+					   .data.u64 = TAG | (uint32_t)e->fd };
+		real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
+		e->connecting = false;
+	}
+	uint32_t want = e->events | EPOLLERR | EPOLLHUP;
+	uint32_t ev = sdp_events(c) & want;
+	if (e->events & EPOLLET) {
+		uint64_t a = arrived(c), k = acked(c);
+		uint32_t out = 0;
+		if ((ev & EPOLLIN) && (a != e->last_arrived || !(e->last_ev & EPOLLIN)))
+			out |= EPOLLIN;
+		if ((ev & EPOLLOUT) && (k != e->last_acked || !(e->last_ev & EPOLLOUT)))
+			out |= EPOLLOUT;
+		out |= ev & ~e->last_ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+		if (out)
+			out |= ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+		e->last_arrived = a;
+		e->last_acked = k;
+		e->last_ev = ev;
+		ev = out;
+	}
+	if (ev && (e->events & EPOLLONESHOT))
+		e->disabled = true;
+	return ev;
+}
+
+static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&s->lock);
+	int cnt = s->n;
+	for (int k = 0; k < cnt && n < max; k++) {
+		int i = (int)((s->rr + (unsigned)k) % (unsigned)cnt);
+		struct ep_ent *e = &s->v[i];
+		if (!e->c)
+			continue;
+		uint32_t ev = ent_events(s, e);
+		if (ev) {
+			out[n].events = ev;
+			out[n].data = e->data;
+			n++;
+		}
+	}
+	s->rr++;
+	for (int i = s->n - 1; i >= 0; i--)
+		if (!s->v[i].c)
+			remove_at(s, i);
+	pthread_mutex_unlock(&s->lock);
+	return n;
+}
+
+static void arm_all(struct ep_shadow *s)
+{
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->n; i++)
+		if (s->v[i].c && !s->v[i].disabled)
+			sdp_arm(s->v[i].c, s->v[i].events);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* Turn the kernel's events into the application's: tokens of SDP members
+ * are drained and dropped (their readiness comes from scan). */
+static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
+{
+	int k = 0;
+	for (int i = 0; i < n; i++) {
+		if ((ev[i].data.u64 & TAG_MASK) == TAG) {
+			int fd = (int)(uint32_t)ev[i].data.u64;
+			pthread_mutex_lock(&s->lock);
+			int j = find(s, fd);
+			struct sdp_conn *c = j >= 0 ? s->v[j].c : NULL;
+			pthread_mutex_unlock(&s->lock);
+			if (c)
+				sdp_on_wakeup(c, fd);
+			continue;
+		}
+		ev[k++] = ev[i];
+	}
+	return k;
+}
+
+static int wait_common(int epfd, struct epoll_event *ev, int max,
+		       int64_t timeout_ns, const sigset_t *mask)
+{
+	struct ep_shadow *s = shadow_of(epfd, false);
+	if (max <= 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	struct timespec zero = { 0, 0 };
+	if (!s || !s->n) {
+		struct timespec ts, *tp = NULL;
+		if (timeout_ns >= 0) {
+			ts.tv_sec = timeout_ns / 1000000000;
+			ts.tv_nsec = timeout_ns % 1000000000;
+			tp = &ts;
+		}
+		return real_epoll_pwait2 ? real_epoll_pwait2(epfd, ev, max, tp, mask)
+			: real_epoll_pwait(epfd, ev, max,
+					   timeout_ns < 0 ? -1 : (int)(timeout_ns / 1000000), mask);
+	}
+	uint64_t start = sdp_now_ns();
+	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
+	uint32_t spin = sdp_tun.spin_us;
+	bool spun = timeout_ns == 0 || !spin;
+	for (;;) {
+		int n = scan(s, ev, max);
+		if (!spun && !n) {
+			uint64_t end = sdp_now_ns() + (uint64_t)spin * 1000;
+			if (deadline && end > deadline)
+				end = deadline;
+			while (!n && sdp_now_ns() < end) {
+				for (int k = 0; k < 32; k++)
+					__builtin_ia32_pause();
+				n = scan(s, ev, max);
+			}
+			spun = true;
+		}
+		if (!n) {
+			arm_all(s);
+			n = scan(s, ev, max);
+		}
+		if (n) {
+			/* Also collect what the kernel has, without waiting. */
+			if (n < max) {
+				int r = real_epoll_pwait2 ?
+					real_epoll_pwait2(epfd, ev + n, max - n, &zero, mask) :
+					real_epoll_pwait(epfd, ev + n, max - n, 0, mask);
+				if (r > 0)
+					n += filter(s, ev + n, r);
+			}
+			return n;
+		}
+		struct timespec ts, *tp = NULL;
+		if (deadline) {
+			uint64_t now = sdp_now_ns();
+			uint64_t left = now < deadline ? deadline - now : 0;
+			ts.tv_sec = (time_t)(left / 1000000000);
+			ts.tv_nsec = (long)(left % 1000000000);
+			tp = &ts;
+		}
+		int r;
+		if (real_epoll_pwait2)
+			r = real_epoll_pwait2(epfd, ev, max, tp, mask);
+		else
+			r = real_epoll_pwait(epfd, ev, max,
+					     tp ? (int)((tp->tv_sec * 1000000000 + tp->tv_nsec + 999999) / 1000000) : -1,
+					     mask);
+		if (r < 0)
+			return r;
+		n = filter(s, ev, r);
+		if (n < max)
+			n += scan(s, ev + n, max - n);
+		if (n || (deadline && sdp_now_ns() >= deadline) || timeout_ns == 0)
+			return n;
+	}
+}
+
+EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
+{
+	SDP_INIT();
+	return wait_common(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
+}
+
+EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
+		       const sigset_t *mask)
+{
+	SDP_INIT();
+	return wait_common(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
+}
+
+EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
+			const struct timespec *t, const sigset_t *mask)
+{
+	SDP_INIT();
+	return wait_common(epfd, ev, max,
+			   t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1, mask);
+}

@@ -1,0 +1,182 @@
+/*
+ * fdtab.c - what each file descriptor is to the switch.
+ *
+ * A flat array indexed by fd, sized to the process's hard fd limit and
+ * allocated lazily by the kernel (mmap). Lookups are one load. A per-process
+ * count of fds per connection tells when the process's last fd for a
+ * connection closes (dup, dup2 and fork make several).
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+
+#include "switch/switch.h"
+#include "sdp/pool.h"
+#include "sdp/sys.h"
+
+static struct fdent *tab;
+static int tabsize;
+static _Atomic uint32_t *holds;             /* fds per connection slot */
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static _Atomic int hiwater;                 /* highest fd ever marked + 1 */
+
+static void mark(int fd)
+{
+	int h = atomic_load(&hiwater);
+	while (fd >= h && !atomic_compare_exchange_weak(&hiwater, &h, fd + 1))
+		;
+}
+
+static void tab_init(void)
+{
+	struct rlimit rl;
+	long n = 1 << 16;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_max != RLIM_INFINITY)
+		n = (long)rl.rlim_max;
+	if (n > (1 << 20))
+		n = 1 << 20;
+	if (n < 1024)
+		n = 1024;
+	void *p = mmap(NULL, (size_t)n * sizeof *tab, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	void *h = mmap(NULL, SDP_POOL_CONNS * sizeof *holds, PROT_READ | PROT_WRITE,
+		       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED || h == MAP_FAILED)
+		return;
+	holds = h;
+	tabsize = (int)n;
+	tab = p;
+}
+
+struct fdent *fd_get(int fd)
+{
+	if (__builtin_expect(!tab, 0))
+		pthread_once(&once, tab_init);
+	if (fd < 0 || fd >= tabsize)
+		return NULL;
+	return &tab[fd];
+}
+
+int fd_table_size(void) { return tabsize; }
+
+void conn_hold(struct sdp_conn *c)
+{
+	atomic_fetch_add(&holds[c->idx], 1);
+}
+
+void fd_set_sdp(int fd, struct sdp_conn *c)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e)
+		return;
+	conn_hold(c);
+	mark(fd);
+	e->c = c;
+	e->l = NULL;
+	atomic_store_explicit(&e->kind, FDK_SDP, memory_order_release);
+}
+
+void fd_set_listen(int fd, struct sdp_listener *l)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e)
+		return;
+	mark(fd);
+	e->l = l;
+	e->c = NULL;
+	atomic_store_explicit(&e->kind, FDK_LISTEN, memory_order_release);
+}
+
+void fd_set_kind(int fd, int kind)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e)
+		return;
+	mark(fd);
+	if (kind != FDK_SDP)
+		e->c = NULL;
+	if (kind != FDK_LISTEN)
+		e->l = NULL;
+	atomic_store_explicit(&e->kind, (uint8_t)kind, memory_order_release);
+}
+
+void fd_forget(int fd)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e)
+		return;
+	uint8_t k = atomic_exchange(&e->kind, FDK_NONE);
+	if (k == FDK_SDP && e->c) {
+		struct sdp_conn *c = e->c;
+		e->c = NULL;
+		epoll_forget_fd(fd);
+		if (atomic_fetch_sub(&holds[c->idx], 1) == 1)
+			sdp_release(c, fd);
+	} else if (k == FDK_LISTEN && e->l) {
+		struct sdp_listener *l = e->l;
+		e->l = NULL;
+		/* Another fd of this process may still name the listener. */
+		int hi = atomic_load(&hiwater);
+		for (int i = 0; i < hi; i++)
+			if (i != fd && atomic_load(&tab[i].kind) == FDK_LISTEN &&
+			    tab[i].l == l)
+				return;
+		sdp_listener_close(l);
+	} else if (k == FDK_EPOLL) {
+		struct ep_shadow *s = e->ep;
+		e->ep = NULL;
+		epoll_shadow_free(s);
+	}
+}
+
+void fd_dup(int oldfd, int newfd)
+{
+	if (oldfd == newfd)
+		return;
+	struct fdent *o = fd_get(oldfd), *n = fd_get(newfd);
+	if (!o || !n)
+		return;
+	uint8_t k = atomic_load(&o->kind);
+	if (k == FDK_SDP && o->c) {
+		fd_set_sdp(newfd, o->c);
+	} else if (k == FDK_LISTEN) {
+		fd_set_listen(newfd, o->l);
+	} else if (k == FDK_INET || k == FDK_TCP) {
+		fd_set_kind(newfd, k);
+	}
+}
+
+void fd_atfork_child(void)
+{
+	if (!tab)
+		return;
+	/* Every connection and listener we hold is now held by one more
+	 * process: count it once per connection. */
+	static uint8_t counted[SDP_POOL_CONNS / 8];
+	memset(counted, 0, sizeof counted);
+	int hi = atomic_load(&hiwater);
+	for (int fd = 0; fd < hi; fd++) {
+		struct sdp_conn *c = tab[fd].c;
+		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
+			continue;
+		if (counted[c->idx / 8] & (1u << (c->idx % 8)))
+			continue;
+		counted[c->idx / 8] |= (uint8_t)(1u << (c->idx % 8));
+		atomic_fetch_add(&c->nproc, 1);
+	}
+	struct sdp_listener *seen[64];
+	int nseen = 0;
+	for (int fd = 0; fd < hi; fd++) {
+		if (atomic_load(&tab[fd].kind) != FDK_LISTEN || !tab[fd].l)
+			continue;
+		bool dup = false;
+		for (int j = 0; j < nseen; j++)
+			dup |= seen[j] == tab[fd].l;
+		if (dup)
+			continue;
+		if (nseen < 64)
+			seen[nseen++] = tab[fd].l;
+		sdp_listener_atfork_child(tab[fd].l);
+	}
+}

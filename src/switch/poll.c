@@ -1,0 +1,298 @@
+/*
+ * poll.c - poll, ppoll, select, pselect (and their FORTIFY variants) over
+ * sets that mix SDP sockets with anything else.
+ *
+ * An SDP socket's readiness comes from shared memory (sdp_events). To sleep,
+ * the switch arms the wanted wake-ups and polls the real TCP fd for POLLIN:
+ * the peer's kick token, or the kernel's FIN/RST when the peer process
+ * dies, wakes it. Other fds are polled as they are. After waking, tokens are
+ * drained and readiness recomputed; spurious wake-ups loop until the
+ * deadline. Before arming, the sockets are checked for spin_us.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "switch/switch.h"
+#include "sdp/sys.h"
+
+struct sdp_conn *sdp_fd_conn(int fd);
+
+#define ALWAYS (POLLERR | POLLHUP | POLLNVAL)
+
+static int64_t ts_to_ns(const struct timespec *t)
+{
+	return t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1;
+}
+
+/* Readiness of the SDP members; returns how many are ready. */
+static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs)
+{
+	int ready = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		if (!cs[i])
+			continue;
+		unsigned ev = sdp_events(cs[i]) & ((unsigned)fds[i].events | ALWAYS);
+		fds[i].revents = (short)ev;
+		ready += ev != 0;
+	}
+	return ready;
+}
+
+/* Poll only the non-SDP members with the given timeout and merge. */
+static int merge_others(struct pollfd *fds, nfds_t n, struct sdp_conn **cs,
+			struct pollfd *tmp, const struct timespec *ts,
+			const sigset_t *mask)
+{
+	for (nfds_t i = 0; i < n; i++) {
+		tmp[i] = fds[i];
+		if (cs[i])
+			tmp[i].fd = -1;
+	}
+	int r = real_ppoll(tmp, n, ts, mask);
+	if (r < 0)
+		return r;
+	int ready = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		if (!cs[i])
+			fds[i].revents = tmp[i].revents;
+		ready += fds[i].revents != 0;
+	}
+	return ready;
+}
+
+int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
+{
+	struct sdp_conn *cs_stack[64], **cs = cs_stack;
+	struct pollfd tmp_stack[64], *tmp = tmp_stack;
+	int nsdp = 0;
+	if (n > 64) {
+		cs = calloc(n, sizeof *cs);
+		tmp = calloc(n, sizeof *tmp);
+		if (!cs || !tmp) {
+			free(cs);
+			free(tmp);
+			errno = ENOMEM;
+			return -1;
+		}
+	}
+	uint32_t spin = 0;
+	for (nfds_t i = 0; i < n; i++) {
+		struct sdp_conn *c = fds[i].fd >= 0 ? sdp_fd_conn(fds[i].fd) : NULL;
+		if (c && atomic_load(&c->state) == SDP_ST_CONNECTING)
+			c = NULL;             /* the kernel tells when connect ends */
+		cs[i] = c;
+		if (c) {
+			nsdp++;
+			uint32_t s = atomic_load(&c->spin_us);
+			spin = s > spin ? s : spin;
+		}
+	}
+	int r;
+	struct timespec zero = { 0, 0 };
+	if (!nsdp) {
+		struct timespec ts, *tp = NULL;
+		if (timeout_ns >= 0) {
+			ts.tv_sec = timeout_ns / 1000000000;
+			ts.tv_nsec = timeout_ns % 1000000000;
+			tp = &ts;
+		}
+		r = real_ppoll(fds, n, tp, mask);
+		goto out;
+	}
+	uint64_t start = sdp_now_ns();
+	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
+	/* Spin on the SDP members (bounded by spin and the timeout). */
+	if (timeout_ns != 0 && spin) {
+		uint64_t end = start + (uint64_t)spin * 1000;
+		if (deadline && end > deadline)
+			end = deadline;
+		for (unsigned k = 1;; k++) {
+			if (sdp_scan(fds, n, cs)) {
+				r = merge_others(fds, n, cs, tmp, &zero, mask);
+				goto out;
+			}
+			__builtin_ia32_pause();
+			if (!(k & 63) && sdp_now_ns() > end)
+				break;
+		}
+	}
+	for (;;) {
+		for (nfds_t i = 0; i < n; i++)
+			if (cs[i])
+				sdp_arm(cs[i], (unsigned)fds[i].events);
+		if (sdp_scan(fds, n, cs) || timeout_ns == 0) {
+			r = merge_others(fds, n, cs, tmp, &zero, mask);
+			goto out;
+		}
+		for (nfds_t i = 0; i < n; i++) {
+			tmp[i] = fds[i];
+			if (cs[i])
+				tmp[i].events = POLLIN;
+		}
+		struct timespec ts, *tp = NULL;
+		if (deadline) {
+			uint64_t now = sdp_now_ns();
+			uint64_t left = now < deadline ? deadline - now : 0;
+			ts.tv_sec = (time_t)(left / 1000000000);
+			ts.tv_nsec = (long)(left % 1000000000);
+			tp = &ts;
+		}
+		r = real_ppoll(tmp, n, tp, mask);
+		if (r < 0)
+			goto out;
+		int ready = 0;
+		for (nfds_t i = 0; i < n; i++) {
+			if (cs[i]) {
+				if (tmp[i].revents)
+					sdp_on_wakeup(cs[i], fds[i].fd);
+				continue;
+			}
+			fds[i].revents = tmp[i].revents;
+			ready += tmp[i].revents != 0;
+		}
+		ready += sdp_scan(fds, n, cs);
+		if (ready || (deadline && sdp_now_ns() >= deadline)) {
+			r = ready;
+			goto out;
+		}
+		for (nfds_t i = 0; i < n; i++)
+			fds[i].revents = 0;
+	}
+out:
+	if (cs != cs_stack) {
+		free(cs);
+		free(tmp);
+	}
+	return r;
+}
+
+EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+	SDP_INIT();
+	return sdp_ppoll(fds, n, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
+}
+
+EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
+{
+	if (fdslen / sizeof *fds < n)
+		__builtin_trap();
+	return poll(fds, n, timeout);
+}
+
+EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *t,
+		 const sigset_t *mask)
+{
+	SDP_INIT();
+	return sdp_ppoll(fds, n, ts_to_ns(t), mask);
+}
+
+EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *t,
+		       const sigset_t *mask, size_t fdslen)
+{
+	if (fdslen / sizeof *fds < n)
+		__builtin_trap();
+	return ppoll(fds, n, t, mask);
+}
+
+/* select/pselect: when an SDP fd is in a set, translate to poll. */
+static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e,
+			 int64_t timeout_ns, const sigset_t *mask, bool *handled)
+{
+	*handled = false;
+	if (nfds < 0 || nfds > FD_SETSIZE)
+		return 0;
+	int nsdp = 0, cnt = 0;
+	for (int fd = 0; fd < nfds; fd++) {
+		bool in = (r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) ||
+			  (e && FD_ISSET(fd, e));
+		if (!in)
+			continue;
+		cnt++;
+		if (fd_conn(fd))
+			nsdp++;
+	}
+	if (!nsdp)
+		return 0;
+	*handled = true;
+	struct pollfd *p = calloc((size_t)cnt, sizeof *p);
+	if (!p) {
+		errno = ENOMEM;
+		return -1;
+	}
+	int k = 0;
+	for (int fd = 0; fd < nfds; fd++) {
+		short ev = 0;
+		if (r && FD_ISSET(fd, r)) ev |= POLLIN;
+		if (w && FD_ISSET(fd, w)) ev |= POLLOUT;
+		if (e && FD_ISSET(fd, e)) ev |= POLLPRI;
+		if (ev) {
+			p[k].fd = fd;
+			p[k].events = ev;
+			k++;
+		}
+	}
+	int res = sdp_ppoll(p, (nfds_t)k, timeout_ns, mask);
+	if (res < 0) {
+		free(p);
+		return -1;
+	}
+	for (int i = 0; i < k; i++)
+		if (p[i].revents & POLLNVAL) {
+			free(p);
+			errno = EBADF;
+			return -1;
+		}
+	if (r) FD_ZERO(r);
+	if (w) FD_ZERO(w);
+	if (e) FD_ZERO(e);
+	int n = 0;
+	for (int i = 0; i < k; i++) {
+		short rv = p[i].revents;
+		if (r && (p[i].events & POLLIN) && (rv & (POLLIN | POLLHUP | POLLERR))) {
+			FD_SET(p[i].fd, r);
+			n++;
+		}
+		if (w && (p[i].events & POLLOUT) && (rv & (POLLOUT | POLLERR))) {
+			FD_SET(p[i].fd, w);
+			n++;
+		}
+		if (e && (p[i].events & POLLPRI) && (rv & POLLPRI)) {
+			FD_SET(p[i].fd, e);
+			n++;
+		}
+	}
+	free(p);
+	return n;
+}
+
+EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
+{
+	SDP_INIT();
+	bool handled;
+	int64_t to = tv ? (int64_t)tv->tv_sec * 1000000000 + tv->tv_usec * 1000 : -1;
+	uint64_t start = sdp_now_ns();
+	int res = select_common(nfds, r, w, e, to, NULL, &handled);
+	if (!handled)
+		return real_select(nfds, r, w, e, tv);
+	if (tv && res >= 0) {             /* Linux updates the timeout */
+		int64_t left = to - (int64_t)(sdp_now_ns() - start);
+		if (left < 0)
+			left = 0;
+		tv->tv_sec = left / 1000000000;
+		tv->tv_usec = (left % 1000000000) / 1000;
+	}
+	return res;
+}
+
+EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e,
+		   const struct timespec *t, const sigset_t *mask)
+{
+	SDP_INIT();
+	bool handled;
+	int res = select_common(nfds, r, w, e, ts_to_ns(t), mask, &handled);
+	if (!handled)
+		return real_pselect(nfds, r, w, e, t, mask);
+	return res;
+}

@@ -1,0 +1,378 @@
+/*
+ * socket.c - interposed socket life-cycle calls: socket, listen, connect,
+ * accept, close, dup, fcntl, ioctl, setsockopt/getsockopt, shutdown.
+ *
+ * Decisions happen here: a listener offers SDP when the server policy
+ * allows it (hello.c publishes its rendezvous); a connect uses SDP when the
+ * client policy allows it and an SDP listener serves the destination; an
+ * accepted socket is SDP when its client said hello. Everything else passes
+ * straight to libc.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdarg.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+
+#include "switch/switch.h"
+#include "sdp/sys.h"
+
+static bool is_tcp_type(int domain, int type, int proto)
+{
+	return (domain == AF_INET || domain == AF_INET6) &&
+	       (type & 0xf) == SOCK_STREAM &&
+	       (proto == 0 || proto == IPPROTO_TCP);
+}
+
+/* Fill in what a new SDP connection needs to know about its TCP socket. */
+static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock)
+{
+	struct stat st;
+	if (fstat(fd, &st) == 0)
+		c->tcp_ino = st.st_ino;
+	int fl = sys_fcntl(fd, F_GETFL, 0);
+	atomic_store(&c->nonblock, nonblock || (fl >= 0 && (fl & O_NONBLOCK)));
+	socklen_t l = sizeof c->remote;
+	if (c->role == 2)
+		sys_getpeername(fd, &c->remote, &l);
+}
+
+EXPORT int socket(int domain, int type, int protocol)
+{
+	SDP_INIT();
+	int fd = real_socket(domain, type, protocol);
+	if (fd >= 0)
+		fd_set_kind(fd, is_tcp_type(domain, type, protocol) ? FDK_INET : FDK_NONE);
+	return fd;
+}
+
+EXPORT int listen(int fd, int backlog)
+{
+	SDP_INIT();
+	int r = real_listen(fd, backlog);
+	if (r < 0 || fd_kind(fd) != FDK_INET)
+		return r;
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	struct sdp_listener *l = NULL;
+	if (sys_getsockname(fd, &a, &len) == 0 &&
+	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP) {
+		int e = sdp_listener_open(fd, &l);
+		if (e < 0)
+			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
+	}
+	fd_set_listen(fd, l);
+	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
+	return r;
+}
+
+EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+	SDP_INIT();
+	if (fd_kind(fd) != FDK_INET || !addr ||
+	    (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
+		return real_connect(fd, addr, len);
+	struct sdp_conn *c = NULL;
+	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
+		c = sdp_hello_connect(fd, addr, len);
+	int r = real_connect(fd, addr, len);
+	int e = errno;
+	if (!c) {
+		if (r == 0 || e == EINPROGRESS) {
+			fd_set_kind(fd, FDK_TCP);
+			sdp_proc_count(0, 1);
+		}
+		errno = e;
+		return r;
+	}
+	if (r == 0 || e == EINPROGRESS) {
+		if (r == 0)
+			sdp_connect_done(c, fd, 0);
+		conn_adopt(fd, c, false);
+		fd_set_sdp(fd, c);
+		sdp_proc_count(1, 0);
+		sdp_log(2, "connect fd %d: SDP%s", fd, r ? " (in progress)" : "");
+	} else {
+		sdp_connect_done(c, fd, e);
+		c->ep.ops->detach(&c->ep);
+		sdp_conn_free(c);
+	}
+	errno = e;
+	return r;
+}
+
+static int after_accept(int lfd, int nfd, int flags)
+{
+	struct fdent *e = fd_get(lfd);
+	int k = e ? atomic_load(&e->kind) : FDK_NONE;
+	if (k != FDK_LISTEN && k != FDK_INET) {
+		fd_set_kind(nfd, FDK_NONE);
+		return nfd;
+	}
+	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd) : NULL;
+	if (c) {
+		conn_adopt(nfd, c, flags & SOCK_NONBLOCK);
+		fd_set_sdp(nfd, c);
+		sdp_proc_count(1, 0);
+		sdp_log(2, "accept fd %d -> %d: SDP", lfd, nfd);
+	} else {
+		fd_set_kind(nfd, FDK_TCP);
+		sdp_proc_count(0, 1);
+		sdp_log(2, "accept fd %d -> %d: TCP", lfd, nfd);
+	}
+	return nfd;
+}
+
+EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	SDP_INIT();
+	int n = real_accept(fd, addr, len);
+	if (n < 0)
+		return n;
+	int e = errno;
+	after_accept(fd, n, 0);
+	errno = e;
+	return n;
+}
+
+EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	SDP_INIT();
+	int n = real_accept4(fd, addr, len, flags);
+	if (n < 0)
+		return n;
+	int e = errno;
+	after_accept(fd, n, flags);
+	errno = e;
+	return n;
+}
+
+EXPORT int close(int fd)
+{
+	SDP_INIT();
+	if (fd_kind(fd) != FDK_NONE)
+		fd_forget(fd);
+	return real_close(fd);
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+	SDP_INIT();
+	if (!(flags & CLOSE_RANGE_CLOEXEC)) {
+		int n = fd_table_size();
+		for (unsigned fd = first; fd <= last && (int)fd < n; fd++)
+			if (fd_kind((int)fd) != FDK_NONE)
+				fd_forget((int)fd);
+	}
+	return real_close_range(first, last, flags);
+}
+
+EXPORT int dup(int fd)
+{
+	SDP_INIT();
+	int n = real_dup(fd);
+	if (n >= 0)
+		fd_dup(fd, n);
+	return n;
+}
+
+static int dup_common(int o, int n, int r)
+{
+	if (r >= 0 && o != n)
+		fd_dup(o, n);
+	return r;
+}
+
+EXPORT int dup2(int o, int n)
+{
+	SDP_INIT();
+	if (o != n && fd_kind(n) != FDK_NONE && sys_fcntl(o, F_GETFD, 0) >= 0)
+		fd_forget(n);                 /* dup2 closes n first */
+	return dup_common(o, n, real_dup2(o, n));
+}
+
+EXPORT int dup3(int o, int n, int flags)
+{
+	SDP_INIT();
+	if (o != n && fd_kind(n) != FDK_NONE && sys_fcntl(o, F_GETFD, 0) >= 0)
+		fd_forget(n);
+	return dup_common(o, n, real_dup3(o, n, flags));
+}
+
+static int fcntl_common(int (*fn)(int, int, ...), int fd, int cmd, va_list ap)
+{
+	long arg = va_arg(ap, long);
+	int r = fn(fd, cmd, arg);
+	if (r < 0)
+		return r;
+	if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
+		fd_dup(fd, r);
+	} else if (cmd == F_SETFL) {
+		struct sdp_conn *c = fd_conn(fd);
+		if (c)
+			atomic_store(&c->nonblock, (arg & O_NONBLOCK) != 0);
+	}
+	return r;
+}
+
+EXPORT int fcntl(int fd, int cmd, ...)
+{
+	SDP_INIT();
+	va_list ap;
+	va_start(ap, cmd);
+	int r = fcntl_common(real_fcntl, fd, cmd, ap);
+	va_end(ap);
+	return r;
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...)
+{
+	SDP_INIT();
+	va_list ap;
+	va_start(ap, cmd);
+	int r = fcntl_common(real_fcntl64 ? real_fcntl64 : real_fcntl, fd, cmd, ap);
+	va_end(ap);
+	return r;
+}
+
+EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+	SDP_INIT();
+	va_list ap;
+	va_start(ap, req);
+	void *arg = va_arg(ap, void *);
+	va_end(ap);
+	struct sdp_conn *c = fd_conn(fd);
+	if (c && req == FIONREAD) {
+		if (!arg) {
+			errno = EFAULT;
+			return -1;
+		}
+		*(int *)arg = sdp_fionread(c);
+		return 0;
+	}
+	int r = real_ioctl(fd, req, arg);
+	if (r == 0 && c && req == FIONBIO && arg)
+		atomic_store(&c->nonblock, *(int *)arg != 0);
+	return r;
+}
+
+EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+	SDP_INIT();
+	struct sdp_conn *c = fd_conn(fd);
+	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
+	    fd_kind(fd) != FDK_NONE) {
+		if (!c) {                     /* not (yet) SDP: accept tunables */
+			if (name == SDP_ZCOPY_THRESH || name == SDP_SPIN_US)
+				return 0;
+			errno = ENOPROTOOPT;
+			return -1;
+		}
+		if (len < sizeof(int) || !val) {
+			errno = EINVAL;
+			return -1;
+		}
+		int v = *(const int *)val;
+		if (v < 0) {
+			errno = EINVAL;
+			return -1;
+		}
+		if (name == SDP_ZCOPY_THRESH)
+			atomic_store(&c->zcopy_thresh, (uint32_t)v);
+		else if (name == SDP_SPIN_US)
+			atomic_store(&c->spin_us, (uint32_t)v);
+		else {
+			errno = ENOPROTOOPT;
+			return -1;
+		}
+		return 0;
+	}
+	int r = real_setsockopt(fd, level, name, val, len);
+	if (r == 0 && c && level == SOL_SOCKET && name == SO_SNDTIMEO &&
+	    len >= sizeof(struct timeval)) {
+		const struct timeval *tv = val;
+		atomic_store(&c->sndtimeo_us, (int64_t)tv->tv_sec * 1000000 + tv->tv_usec);
+	}
+	if (r == 0 && c && level == SOL_SOCKET && name == SO_LINGER &&
+	    len >= sizeof(struct linger)) {
+		const struct linger *lg = val;
+		atomic_store(&c->linger0, lg->l_onoff && lg->l_linger == 0);
+	}
+	return r;
+}
+
+static int put_int(void *val, socklen_t *len, int v)
+{
+	if (!val || !len || *len < sizeof(int)) {
+		errno = EINVAL;
+		return -1;
+	}
+	*(int *)val = v;
+	*len = sizeof(int);
+	return 0;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	SDP_INIT();
+	struct sdp_conn *c = fd_conn(fd);
+	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US) {
+		int k = fd_kind(fd);
+		if (k == FDK_NONE) {
+			int proto = 0;
+			socklen_t pl = sizeof proto;
+			if (sys_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) == 0 &&
+			    proto == IPPROTO_TCP)
+				k = FDK_TCP;
+		}
+		if (k == FDK_NONE)
+			return real_getsockopt(fd, level, name, val, len);
+		switch (name) {
+		case SDP_TRANSPORT:
+			return put_int(val, len, c != NULL);
+		case SDP_ZCOPY_THRESH:
+			return put_int(val, len, (int)(c ? atomic_load(&c->zcopy_thresh)
+							: sdp_tun.zcopy_thresh));
+		case SDP_SPIN_US:
+			return put_int(val, len, (int)(c ? atomic_load(&c->spin_us)
+							: sdp_tun.spin_us));
+		case SDP_STATS: {
+			struct sdp_sock_stats s;
+			memset(&s, 0, sizeof s);
+			if (c) {
+				s = c->st;
+				s.transport = 1;
+				s.credits = c->ep.ops->credits(&c->ep);
+			}
+			if (!val || !len) {
+				errno = EINVAL;
+				return -1;
+			}
+			socklen_t n = *len < sizeof s ? *len : sizeof s;
+			memcpy(val, &s, n);
+			*len = n;
+			return 0;
+		}
+		}
+	}
+	if (c && level == SOL_SOCKET && name == SO_ERROR) {
+		int e = atomic_exchange(&c->so_error, 0);
+		if (e)
+			return put_int(val, len, e);
+	}
+	return real_getsockopt(fd, level, name, val, len);
+}
+
+EXPORT int shutdown(int fd, int how)
+{
+	SDP_INIT();
+	struct sdp_conn *c = fd_conn(fd);
+	if (!c || atomic_load(&c->state) == SDP_ST_CONNECTING)
+		return real_shutdown(fd, how);
+	return (int)sdp_ret(sdp_shutdown(c, fd, how));
+}

@@ -1,0 +1,143 @@
+/*
+ * switch.h - internals of the socket switch shared by its files.
+ *
+ * The switch keeps, per file descriptor, what the descriptor is to SDP:
+ * nothing (pass through), a TCP socket not yet decided, a listener (with its
+ * rendezvous), an SDP connection, or a TCP connection the policy or the
+ * peer kept on TCP. The application always holds the real TCP socket fd;
+ * SDP state hangs off it, so getsockname, getpeername, fcntl, dup and fork
+ * act on a real kernel object.
+ */
+#ifndef SDP_SWITCH_H
+#define SDP_SWITCH_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+
+#include "sdp/conn.h"
+#include "switch/policy.h"
+#include "switch/log.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+enum fd_kind {
+	FDK_NONE = 0,     /* not a TCP socket we know: pass through */
+	FDK_INET,         /* AF_INET/AF_INET6 stream socket, undecided */
+	FDK_LISTEN,       /* listening; l != NULL if SDP is offered */
+	FDK_SDP,          /* connection over SDP: c */
+	FDK_TCP,          /* connection on plain TCP */
+	FDK_EPOLL,        /* an epoll instance with SDP members: ep */
+};
+
+struct ep_shadow;
+
+struct fdent {
+	_Atomic uint8_t kind;
+	struct sdp_conn *c;
+	struct sdp_listener *l;
+	struct ep_shadow *ep;
+};
+
+/* fdtab.c */
+struct fdent *fd_get(int fd);           /* NULL if out of range */
+static inline int fd_kind(int fd)
+{
+	struct fdent *e = fd_get(fd);
+	return e ? atomic_load_explicit(&e->kind, memory_order_acquire) : FDK_NONE;
+}
+static inline struct sdp_conn *fd_conn(int fd)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e || atomic_load_explicit(&e->kind, memory_order_acquire) != FDK_SDP)
+		return NULL;
+	return e->c;
+}
+void fd_set_sdp(int fd, struct sdp_conn *c);      /* takes a process hold */
+void fd_set_listen(int fd, struct sdp_listener *l);
+void fd_set_kind(int fd, int kind);
+/* Forget fd (closed by the app). Releases the SDP connection if this was
+ * the process's last fd for it (fd must still be open for FIN/drain). */
+void fd_forget(int fd);
+void fd_dup(int oldfd, int newfd);
+void fd_atfork_child(void);
+int  fd_table_size(void);
+void conn_hold(struct sdp_conn *c);
+
+/* config.c */
+void sdp_init(void);
+extern int sdp_inited;
+#define SDP_INIT() do { if (__builtin_expect(!sdp_inited, 0)) sdp_init(); } while (0)
+enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l);
+extern const char *sdp_prog;
+
+/* real.c: the next definition of each interposed function (libc). */
+#define REAL_FUNCS(X) \
+	X(int, socket, (int, int, int)) \
+	X(int, listen, (int, int)) \
+	X(int, connect, (int, const struct sockaddr *, socklen_t)) \
+	X(int, accept, (int, struct sockaddr *, socklen_t *)) \
+	X(int, accept4, (int, struct sockaddr *, socklen_t *, int)) \
+	X(int, close, (int)) \
+	X(int, close_range, (unsigned, unsigned, int)) \
+	X(int, dup, (int)) \
+	X(int, dup2, (int, int)) \
+	X(int, dup3, (int, int, int)) \
+	X(int, fcntl, (int, int, ...)) \
+	X(int, fcntl64, (int, int, ...)) \
+	X(int, ioctl, (int, unsigned long, ...)) \
+	X(int, setsockopt, (int, int, int, const void *, socklen_t)) \
+	X(int, getsockopt, (int, int, int, void *, socklen_t *)) \
+	X(int, shutdown, (int, int)) \
+	X(ssize_t, read, (int, void *, size_t)) \
+	X(ssize_t, write, (int, const void *, size_t)) \
+	X(ssize_t, readv, (int, const struct iovec *, int)) \
+	X(ssize_t, writev, (int, const struct iovec *, int)) \
+	X(ssize_t, recv, (int, void *, size_t, int)) \
+	X(ssize_t, send, (int, const void *, size_t, int)) \
+	X(ssize_t, recvfrom, (int, void *, size_t, int, struct sockaddr *, socklen_t *)) \
+	X(ssize_t, sendto, (int, const void *, size_t, int, const struct sockaddr *, socklen_t)) \
+	X(ssize_t, recvmsg, (int, struct msghdr *, int)) \
+	X(ssize_t, sendmsg, (int, const struct msghdr *, int)) \
+	X(int, recvmmsg, (int, struct mmsghdr *, unsigned, int, struct timespec *)) \
+	X(int, sendmmsg, (int, struct mmsghdr *, unsigned, int)) \
+	X(ssize_t, sendfile, (int, int, off_t *, size_t)) \
+	X(ssize_t, sendfile64, (int, int, off_t *, size_t)) \
+	X(ssize_t, __read_chk, (int, void *, size_t, size_t)) \
+	X(ssize_t, __recv_chk, (int, void *, size_t, size_t, int)) \
+	X(ssize_t, __recvfrom_chk, (int, void *, size_t, size_t, int, struct sockaddr *, socklen_t *)) \
+	X(int, poll, (struct pollfd *, nfds_t, int)) \
+	X(int, ppoll, (struct pollfd *, nfds_t, const struct timespec *, const sigset_t *)) \
+	X(int, select, (int, fd_set *, fd_set *, fd_set *, struct timeval *)) \
+	X(int, pselect, (int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *)) \
+	X(int, epoll_create, (int)) \
+	X(int, epoll_create1, (int)) \
+	X(int, epoll_ctl, (int, int, int, struct epoll_event *)) \
+	X(int, epoll_wait, (int, struct epoll_event *, int, int)) \
+	X(int, epoll_pwait, (int, struct epoll_event *, int, int, const sigset_t *)) \
+	X(int, epoll_pwait2, (int, struct epoll_event *, int, const struct timespec *, const sigset_t *)) \
+	X(pid_t, fork, (void))
+
+#include <poll.h>
+#include <sys/select.h>
+#include <signal.h>
+#define X(ret, name, args) extern ret (*real_##name) args;
+REAL_FUNCS(X)
+#undef X
+
+/* epoll.c */
+void epoll_forget_fd(int fd);
+void epoll_shadow_free(struct ep_shadow *s);
+
+/* Convert an engine result (-errno) at the POSIX boundary. */
+static inline long sdp_ret(long r)
+{
+	if (r < 0) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
+
+#endif
