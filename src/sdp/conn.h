@@ -67,6 +67,8 @@ struct sdp_conn {
 	_Atomic uint32_t peer_gone;    /* wait fd saw TCP FIN (1) or RST (2) */
 	_Atomic int32_t  so_error;     /* pending error (TCP: sk_err) */
 	_Atomic uint32_t linger0;      /* SO_LINGER on with 0 s: close = abort */
+	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
+	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
 
 	uint32_t rx_off;               /* bytes of the head Data message consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */

@@ -39,6 +39,21 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock)
 	socklen_t l = sizeof c->remote;
 	if (c->role == 2)
 		sys_getpeername(fd, &c->remote, &l);
+	/* The TCP socket now only carries 1-byte wake-up tokens: Nagle or a
+	 * cork would hold them back behind delayed ACKs. The application's
+	 * own settings are remembered and reported back to it. */
+	int v = 0;
+	socklen_t vl = sizeof v;
+	if (sys_getsockopt(fd, SOL_TCP, TCP_NODELAY, &v, &vl) == 0)
+		atomic_store(&c->app_nodelay, v != 0);
+	vl = sizeof v;
+	if (sys_getsockopt(fd, SOL_TCP, TCP_CORK, &v, &vl) == 0 && v) {
+		atomic_store(&c->app_cork, 1);
+		v = 0;
+		sys_setsockopt(fd, SOL_TCP, TCP_CORK, &v, sizeof v);
+	}
+	v = 1;
+	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
 }
 
 EXPORT int socket(int domain, int type, int protocol)
@@ -292,6 +307,15 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 		}
 		return 0;
 	}
+	if (c && level == SOL_TCP && (name == TCP_NODELAY || name == TCP_CORK)) {
+		if (!val || len < sizeof(int)) {
+			errno = EINVAL;
+			return -1;
+		}
+		atomic_store(name == TCP_NODELAY ? &c->app_nodelay : &c->app_cork,
+			     *(const int *)val != 0);
+		return 0;
+	}
 	int r = real_setsockopt(fd, level, name, val, len);
 	if (r == 0 && c && level == SOL_SOCKET && name == SO_SNDTIMEO &&
 	    len >= sizeof(struct timeval)) {
@@ -360,6 +384,9 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 		}
 		}
 	}
+	if (c && level == SOL_TCP && (name == TCP_NODELAY || name == TCP_CORK))
+		return put_int(val, len, (int)atomic_load(name == TCP_NODELAY ?
+					 &c->app_nodelay : &c->app_cork));
 	if (c && level == SOL_SOCKET && name == SO_ERROR) {
 		int e = atomic_exchange(&c->so_error, 0);
 		if (e)
