@@ -40,9 +40,10 @@ def _server_reports(server, want, timeout=15.0):
         time.sleep(0.05)
 
 
-def _live_fallback_check(sdp, kit, server, port, order):
-    """Hold a plain connection to the SDP server open and look at it in
-    `sdp stat --json`: it must be listed with transport tcp."""
+def _hold_plain_connection(sdp, kit, server, port, order):
+    """Open a plain connection to the SDP server, exchange a few bytes and,
+    while it is still open, return the `sdp stat --json` entries of the
+    server's processes and the ones that are this connection."""
     helper = _load(kit, "mixed_client")
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         if order == "server-first":
@@ -53,13 +54,10 @@ def _live_fallback_check(sdp, kit, server, port, order):
         pids = set(server.pids())
         conns = [c for c in sdp.stat_conns() if int(c.get("pid", -1)) in pids]
         mine = [c for c in conns if f":{local}" in str(c.get("remote", ""))]
-        assert mine, f"`sdp stat --json` does not list the open connection from port {local} " \
-                     f"to the SDP server (server entries: {conns})"
-        assert all(c.get("transport") == "tcp" for c in mine), \
-            f"plain client's connection is not listed as transport tcp: {mine}"
         s.shutdown(socket.SHUT_WR)
         while s.recv(65536):
             pass
+    return local, conns, mine
 
 
 @pytest.mark.parametrize("order", ["client-first", "server-first"])
@@ -116,4 +114,24 @@ def test_mixed_fallback(sdp_side, order, sdp, procs, kit):
         assert d["sdp_conns"] == 0, f"server counted SDP connections from a plain client: {d}"
         assert d["tcp_conns"] >= NCONN, f"server did not count {NCONN} TCP fallbacks: {d}"
         assert d["tx_bytes"] == 0 and d["rx_bytes"] == 0, f"SDP bytes without SDP: {d}"
-        _live_fallback_check(sdp, kit, server, port, order)
+        local, conns, mine = _hold_plain_connection(sdp, kit, server, port, order)
+        on_sdp = [c for c in mine if c.get("transport") != "tcp"]
+        assert not on_sdp, f"a plain client's open connection (port {local}) is listed as " \
+                           f"SDP by `sdp stat --json`: {on_sdp}"
+
+
+@pytest.mark.parametrize("order", ["client-first", "server-first"])
+def test_stat_lists_fallback_connection_as_tcp(order, sdp, procs, kit):
+    """`sdp stat --json` lists the switched connections with their transport,
+    "sdp" or "tcp": an open connection that fell back must be there as tcp."""
+    port = kit.free_port()
+    server = procs.start(sdp.wrap([sys.executable, kit.HELPERS / "mixed_server.py", port, order]),
+                         name="mixed-server", env=sdp.env())
+    kit.wait_port(port, server)
+    if not sdp.enabled:
+        return
+    local, conns, mine = _hold_plain_connection(sdp, kit, server, port, order)
+    assert mine, f"`sdp stat --json` does not list the open fallback connection from port " \
+                 f"{local} to the SDP server (entries for the server: {conns})"
+    assert all(c.get("transport") == "tcp" for c in mine), \
+        f"fallback connection not listed with transport tcp: {mine}"
