@@ -49,7 +49,8 @@ struct sdp_conn {
 	int32_t  creator_pid;
 	uint8_t  role;                 /* SDP_ROLE_CLIENT / SDP_ROLE_SERVER */
 	uint8_t  mode;                 /* enum sdp_mode */
-	uint16_t pad0;
+	uint8_t  transport;            /* 1 = SDP, 0 = TCP (listed by sdp stat only) */
+	uint8_t  pad0;
 	uint64_t tcp_ino;              /* inode of the TCP socket (for sdp stat) */
 	union sdp_addr local, remote;  /* TCP: getsockname / getpeername */
 	uint64_t created_ns;

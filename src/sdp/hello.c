@@ -395,6 +395,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	}
 	c->ep.peer_pid = mine.h.pid;
 	c->role = 1;
+	c->transport = 1;
 	c->local = la;
 	c->remote = pa;
 	shm_set_pid(&c->ep);
@@ -490,6 +491,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	sys_close(memfd);
 	sys_close(rv);
 	c->role = 2;
+	c->transport = 1;
 	c->local = la;
 	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
 	shm_set_pid(&c->ep);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include "switch/switch.h"
 #include "sdp/pool.h"
@@ -77,6 +78,31 @@ void fd_set_sdp(int fd, struct sdp_conn *c)
 	atomic_store_explicit(&e->kind, FDK_SDP, memory_order_release);
 }
 
+void fd_set_tcp(int fd, int role)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e)
+		return;
+	struct sdp_conn *c = sdp_conn_alloc();
+	if (c) {
+		struct stat st;
+		socklen_t l = sizeof c->local;
+		if (fstat(fd, &st) == 0)
+			c->tcp_ino = st.st_ino;
+		sys_getsockname(fd, &c->local, &l);
+		l = sizeof c->remote;
+		sys_getpeername(fd, &c->remote, &l);
+		c->role = (uint8_t)role;
+		c->transport = 0;
+		atomic_store(&c->state, SDP_ST_ESTABLISHED);
+		conn_hold(c);
+	}
+	mark(fd);
+	e->c = c;
+	e->l = NULL;
+	atomic_store_explicit(&e->kind, FDK_TCP, memory_order_release);
+}
+
 void fd_set_listen(int fd, struct sdp_listener *l)
 {
 	struct fdent *e = fd_get(fd);
@@ -94,7 +120,7 @@ void fd_set_kind(int fd, int kind)
 	if (!e)
 		return;
 	mark(fd);
-	if (kind != FDK_SDP)
+	if (kind != FDK_SDP && kind != FDK_TCP)
 		e->c = NULL;
 	if (kind != FDK_LISTEN)
 		e->l = NULL;
@@ -107,7 +133,13 @@ void fd_forget(int fd)
 	if (!e)
 		return;
 	uint8_t k = atomic_exchange(&e->kind, FDK_NONE);
-	if (k == FDK_SDP && e->c) {
+	if (k == FDK_TCP && e->c) {
+		struct sdp_conn *c = e->c;
+		e->c = NULL;
+		if (atomic_fetch_sub(&holds[c->idx], 1) == 1 &&
+		    atomic_fetch_sub(&c->nproc, 1) == 1)
+			sdp_conn_free(c);
+	} else if (k == FDK_SDP && e->c) {
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
 		epoll_forget_fd(fd);
@@ -142,6 +174,12 @@ void fd_dup(int oldfd, int newfd)
 		fd_set_sdp(newfd, o->c);
 	} else if (k == FDK_LISTEN) {
 		fd_set_listen(newfd, o->l);
+	} else if (k == FDK_TCP && o->c) {
+		conn_hold(o->c);
+		mark(newfd);
+		n->c = o->c;
+		n->l = NULL;
+		atomic_store_explicit(&n->kind, FDK_TCP, memory_order_release);
 	} else if (k == FDK_INET || k == FDK_TCP) {
 		fd_set_kind(newfd, k);
 	}
@@ -158,7 +196,8 @@ void fd_atfork_child(void)
 	int hi = atomic_load(&hiwater);
 	for (int fd = 0; fd < hi; fd++) {
 		struct sdp_conn *c = tab[fd].c;
-		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
+		uint8_t k = atomic_load(&tab[fd].kind);
+		if ((k != FDK_SDP && k != FDK_TCP) || !c)
 			continue;
 		if (counted[c->idx / 8] & (1u << (c->idx % 8)))
 			continue;

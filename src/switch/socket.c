@@ -98,7 +98,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	int e = errno;
 	if (!c) {
 		if (r == 0 || e == EINPROGRESS) {
-			fd_set_kind(fd, FDK_TCP);
+			fd_set_tcp(fd, SDP_ROLE_CLIENT);
 			sdp_proc_count(0, 1);
 		}
 		errno = e;
@@ -135,7 +135,7 @@ static int after_accept(int lfd, int nfd, int flags)
 		sdp_proc_count(1, 0);
 		sdp_log(2, "accept fd %d -> %d: SDP", lfd, nfd);
 	} else {
-		fd_set_kind(nfd, FDK_TCP);
+		fd_set_tcp(nfd, SDP_ROLE_SERVER);
 		sdp_proc_count(0, 1);
 		sdp_log(2, "accept fd %d -> %d: TCP", lfd, nfd);
 	}

@@ -333,7 +333,7 @@ static int cmd_stat(int argc, char **argv)
 			for (int x = 0; x < nh; x++) {
 				if (json)
 					printf("%s\n {\"pid\": %d, \"fd\": %d, \"local\": \"%s\", "
-					       "\"remote\": \"%s\", \"transport\": \"sdp\", "
+					       "\"remote\": \"%s\", \"transport\": \"%s\", "
 					       "\"state\": \"%s\", \"mode\": \"%s\", "
 					       "\"role\": \"%s\", "
 					       "\"tx_bytes\": %llu, \"rx_bytes\": %llu, "
@@ -343,6 +343,7 @@ static int cmd_stat(int argc, char **argv)
 					       "\"tx_wzcopy_bytes\": %llu, \"rx_wzcopy_bytes\": %llu, "
 					       "\"credits\": %u}",
 					       first ? "" : ",", hits[x].pid, hits[x].fd, la, ra,
+					       c->transport ? "sdp" : "tcp",
 					       state_name(st), mode_name(c->mode),
 					       c->role == 1 ? "server" : "client",
 					       (unsigned long long)c->st.tx_bytes,
@@ -358,7 +359,7 @@ static int cmd_stat(int argc, char **argv)
 					       c->st.credits);
 				else
 					printf("%-7d %-4d %-22s %-22s %-5s %-11s %-9s %12llu %12llu %9llu %9llu %4u\n",
-					       hits[x].pid, hits[x].fd, la, ra, "sdp",
+					       hits[x].pid, hits[x].fd, la, ra, c->transport ? "sdp" : "tcp",
 					       state_name(st), mode_name(c->mode),
 					       (unsigned long long)c->st.tx_bytes,
 					       (unsigned long long)c->st.rx_bytes,
