@@ -1,0 +1,92 @@
+"""Runs every C feature test program twice: under kernel TCP and under SDP.
+
+tcp: the program runs directly with SDP_EXPECT=tcp. This proves the test
+     encodes real kernel TCP behaviour.
+sdp: the program runs as `build/bin/sdp run -- PROG` with SDP_EXPECT=sdp and
+     must, on top of the same semantics, see its sockets on SDP.
+
+Exit status 0 passes, 77 skips (reason on stderr), anything else fails.
+"""
+import os
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+BUILD = Path(os.environ.get("SDP_BUILD_DIR", ROOT / "build"))
+BIN_DIR = Path(os.environ.get("SDP_TESTS_C_DIR", BUILD / "tests" / "c"))
+LIBSDP = BUILD / "lib" / "libsdp.so"
+SDP = BUILD / "bin" / "sdp"
+SKIP = 77
+TIMEOUT = 60  # the programs' own watchdogs fire well before this
+
+PROGRAMS = sorted(p.stem for p in HERE.glob("t_*.c"))
+
+
+def _describe(rc):
+    if rc < 0:
+        try:
+            return "killed by %s" % signal.Signals(-rc).name
+        except ValueError:
+            return "killed by signal %d" % -rc
+    return "exit status %d" % rc
+
+
+def _run(prog, mode):
+    exe = BIN_DIR / prog
+    if not exe.exists():
+        pytest.fail("%s is not built (looked in %s)" % (prog, BIN_DIR))
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env["SDP_EXPECT"] = mode
+    if mode == "tcp":
+        cmd = [str(exe)]
+    else:
+        missing = [str(p) for p in (LIBSDP, SDP) if not p.exists()]
+        if missing:
+            pytest.skip("libsdp not built: missing " + ", ".join(missing))
+        cmd = [str(SDP), "run", "--", str(exe)]
+    try:
+        res = subprocess.run(cmd, env=env, cwd=str(BIN_DIR),
+                             stdin=subprocess.DEVNULL, capture_output=True,
+                             timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail("%s (%s) hung for %d s\nstderr:\n%s" % (
+            prog, mode, TIMEOUT, (e.stderr or b"").decode(errors="replace")))
+    out = res.stdout.decode(errors="replace")
+    err = res.stderr.decode(errors="replace")
+    if res.returncode == SKIP:
+        pytest.skip("%s: %s" % (prog, err.strip() or "skipped"))
+    if res.returncode != 0:
+        pytest.fail("%s (%s mode) failed: %s\n--- stderr ---\n%s"
+                    "--- stdout ---\n%s" % (prog, mode,
+                                            _describe(res.returncode),
+                                            err, out), pytrace=False)
+
+
+@pytest.mark.parametrize("prog", PROGRAMS)
+def test_tcp(prog):
+    _run(prog, "tcp")
+
+
+@pytest.mark.parametrize("prog", PROGRAMS)
+def test_sdp(prog):
+    _run(prog, "sdp")
+
+
+def test_tcp_fortify_entry_points():
+    """t_fortify must reach the socket layer through the _chk entry points
+    and fcntl64, otherwise it would not test them."""
+    exe = BIN_DIR / "t_fortify"
+    if not exe.exists():
+        pytest.fail("t_fortify is not built")
+    res = subprocess.run(["nm", "-D", "--undefined-only", str(exe)],
+                         capture_output=True, text=True, check=True)
+    syms = {line.split()[-1].split("@")[0] for line in res.stdout.splitlines()
+            if line.strip()}
+    for want in ("__read_chk", "__recv_chk", "__recvfrom_chk", "fcntl64"):
+        assert want in syms, "%s not referenced by t_fortify: %s" % (
+            want, sorted(syms))

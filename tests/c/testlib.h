@@ -1,0 +1,420 @@
+/*
+ * testlib.h - tiny helpers shared by the C feature tests.
+ *
+ * Every test is a plain POSIX TCP program. It exits 0 on success, 77 to
+ * skip, anything else on failure (with a file:line message on stderr).
+ * SDP_EXPECT=tcp|sdp tells expect_transport() which transport the sockets
+ * must be using; without it, the presence of libsdp in LD_PRELOAD decides.
+ */
+#ifndef SDP_TESTLIB_H
+#define SDP_TESTLIB_H
+
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "sdp.h"
+
+#define TL_SKIP 77
+
+/* ---- assertions ------------------------------------------------------- */
+
+static inline void tl_fail_at(const char *file, int line)
+{
+	fflush(stdout);
+	fprintf(stderr, "%s:%d: [pid %d] ", file, line, (int)getpid());
+}
+
+static inline void tl_fail_end(int err)
+{
+	fprintf(stderr, " (errno=%d %s)\n", err, strerror(err));
+	_exit(1);
+}
+
+#define TL_FAIL(...)                                                        \
+	do {                                                                \
+		int e_ = errno;                                             \
+		tl_fail_at(__FILE__, __LINE__);                             \
+		fprintf(stderr, __VA_ARGS__);                               \
+		tl_fail_end(e_);                                            \
+	} while (0)
+
+/* CHECK(cond) or CHECK(cond, "fmt", ...) */
+#define CHECK(cond, ...)                                                    \
+	do {                                                                \
+		if (!(cond)) {                                              \
+			int e_ = errno;                                     \
+			tl_fail_at(__FILE__, __LINE__);                     \
+			fprintf(stderr, "CHECK failed: %s", #cond);         \
+			__VA_OPT__(fprintf(stderr, ": ");                   \
+				   fprintf(stderr, __VA_ARGS__);)           \
+			tl_fail_end(e_);                                    \
+		}                                                           \
+	} while (0)
+
+/* Both sides evaluated once, compared as long long, both values printed. */
+#define CHECK_EQ(a, b)                                                      \
+	do {                                                                \
+		long long a_ = (long long)(a), b_ = (long long)(b);         \
+		if (a_ != b_)                                               \
+			TL_FAIL("CHECK_EQ failed: %s == %lld, expected %s "  \
+				"== %lld", #a, a_, #b, b_);                 \
+	} while (0)
+
+/* A system call that must succeed: returns its value. */
+#define SYS(call)                                                           \
+	({                                                                  \
+		errno = 0;                                                  \
+		__auto_type r_ = (call);                                    \
+		if (r_ == -1)                                               \
+			TL_FAIL("%s failed", #call);                        \
+		r_;                                                         \
+	})
+
+/* A system call that must fail with exactly errno `err`. */
+#define CHECK_ERR(call, err)                                                \
+	do {                                                                \
+		errno = 0;                                                  \
+		long long r_ = (long long)(call);                           \
+		int e_ = errno;                                             \
+		if (r_ != -1 || e_ != (err))                                \
+			TL_FAIL("%s returned %lld errno %d (%s), expected "  \
+				"-1 errno %s", #call, r_, e_, strerror(e_), \
+				#err);                                      \
+	} while (0)
+
+#define SKIP(...)                                                           \
+	do {                                                                \
+		fprintf(stderr, "SKIP: " __VA_ARGS__);                      \
+		fprintf(stderr, "\n");                                      \
+		exit(TL_SKIP);                                              \
+	} while (0)
+
+/* ---- watchdog --------------------------------------------------------- */
+
+static unsigned tl_watchdog_secs;
+
+static void tl_alarm(int sig)
+{
+	char msg[160];
+	int n = snprintf(msg, sizeof msg,
+			 "WATCHDOG: %s [pid %d] still running after %u s: "
+			 "a call hung\n", program_invocation_short_name,
+			 (int)getpid(), tl_watchdog_secs);
+	(void)sig;
+	if (write(2, msg, (size_t)n) < 0) { /* nothing else to do */ }
+	_exit(3);
+}
+
+/* Arm (or re-arm, e.g. in a forked child) the hang watchdog. */
+static inline void tl_watchdog(unsigned secs)
+{
+	tl_watchdog_secs = secs;
+	signal(SIGALRM, tl_alarm);
+	alarm(secs);
+}
+
+/* ---- time ------------------------------------------------------------- */
+
+static inline double tl_now(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* ---- data pattern: byte at stream offset i for a given seed ----------- */
+
+static inline uint8_t tl_pat(uint64_t i, uint32_t seed)
+{
+	uint64_t x = (i + (uint64_t)seed * 0x100000001ull + 1) *
+		     0x9E3779B97F4A7C15ull;
+	return (uint8_t)((x >> 56) ^ (x >> 29));
+}
+
+static inline void tl_fill(void *buf, size_t len, uint64_t off, uint32_t seed)
+{
+	uint8_t *p = buf;
+	for (size_t i = 0; i < len; i++)
+		p[i] = tl_pat(off + i, seed);
+}
+
+/* Returns -1 if buf holds the pattern for [off, off+len), else the index
+ * of the first wrong byte. */
+static inline long tl_verify(const void *buf, size_t len, uint64_t off,
+			     uint32_t seed)
+{
+	const uint8_t *p = buf;
+	for (size_t i = 0; i < len; i++)
+		if (p[i] != tl_pat(off + i, seed))
+			return (long)i;
+	return -1;
+}
+
+#define CHECK_PAT(buf, len, off, seed)                                      \
+	do {                                                                \
+		const uint8_t *b_ = (const uint8_t *)(buf);                 \
+		uint64_t o_ = (off);                                        \
+		long i_ = tl_verify(b_, (len), o_, (seed));                 \
+		if (i_ >= 0)                                                \
+			TL_FAIL("data corrupted at stream offset %llu: "     \
+				"got 0x%02x expected 0x%02x",               \
+				(unsigned long long)(o_ + (uint64_t)i_),    \
+				b_[i_], tl_pat(o_ + (uint64_t)i_, (seed))); \
+	} while (0)
+
+/* ---- sockets ---------------------------------------------------------- */
+
+static inline socklen_t tl_addr(int family, uint16_t port,
+				struct sockaddr_storage *ss)
+{
+	memset(ss, 0, sizeof *ss);
+	if (family == AF_INET6) {
+		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
+		a->sin6_family = AF_INET6;
+		a->sin6_addr = in6addr_loopback;
+		a->sin6_port = htons(port);
+		return sizeof *a;
+	}
+	struct sockaddr_in *a = (struct sockaddr_in *)ss;
+	a->sin_family = AF_INET;
+	a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	a->sin_port = htons(port);
+	return sizeof *a;
+}
+
+static inline uint16_t tl_port_of(int fd)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof ss;
+	SYS(getsockname(fd, (struct sockaddr *)&ss, &len));
+	if (ss.ss_family == AF_INET6)
+		return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+	return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+}
+
+/* Listening socket on 127.0.0.1:0 or [::1]:0; *port gets the port. */
+static inline int tl_listen(int family, uint16_t *port)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = tl_addr(family, 0, &ss);
+	int fd = SYS(socket(family, SOCK_STREAM, 0));
+	int one = 1;
+	SYS(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one));
+	SYS(bind(fd, (struct sockaddr *)&ss, len));
+	SYS(listen(fd, 64));
+	if (port)
+		*port = tl_port_of(fd);
+	return fd;
+}
+
+static inline int tl_connect(int family, uint16_t port)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = tl_addr(family, port, &ss);
+	int fd = SYS(socket(family, SOCK_STREAM, 0));
+	SYS(connect(fd, (struct sockaddr *)&ss, len));
+	return fd;
+}
+
+/* A connected pair in one process: *cli connected, *srv accepted. */
+static inline void tl_pair(int family, int *cli, int *srv)
+{
+	uint16_t port;
+	int l = tl_listen(family, &port);
+	*cli = tl_connect(family, port);
+	*srv = SYS(accept(l, NULL, NULL));
+	SYS(close(l));
+}
+
+/* Send or receive exactly len bytes (blocking socket), checked. */
+static inline void tl_send_all(int fd, const void *buf, size_t len)
+{
+	const char *p = buf;
+	while (len) {
+		ssize_t n = send(fd, p, len, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			TL_FAIL("send of %zu bytes returned %zd", len, n);
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+static inline void tl_recv_all(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+	size_t want = len;
+	while (len) {
+		ssize_t n = recv(fd, p, len, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			TL_FAIL("recv returned %zd after %zu of %zu bytes", n,
+				want - len, want);
+		p += n;
+		len -= (size_t)n;
+	}
+}
+
+/* Send / receive-and-verify `total` pattern bytes starting at stream offset
+ * off, in chunks of at most chunk bytes. */
+static inline void tl_send_pat(int fd, uint64_t off, size_t total,
+			       uint32_t seed, size_t chunk)
+{
+	static char buf[65536];
+	if (chunk > sizeof buf)
+		chunk = sizeof buf;
+	while (total) {
+		size_t n = total < chunk ? total : chunk;
+		tl_fill(buf, n, off, seed);
+		tl_send_all(fd, buf, n);
+		off += n;
+		total -= n;
+	}
+}
+
+static inline void tl_recv_pat(int fd, uint64_t off, size_t total,
+			       uint32_t seed, size_t chunk)
+{
+	char buf[65536];
+	if (chunk > sizeof buf)
+		chunk = sizeof buf;
+	while (total) {
+		ssize_t n = recv(fd, buf, total < chunk ? total : chunk, 0);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			TL_FAIL("recv returned %zd with %zu bytes to go", n,
+				total);
+		CHECK_PAT(buf, (size_t)n, off, seed);
+		off += (uint64_t)n;
+		total -= (size_t)n;
+	}
+}
+
+/* ---- transport expectations ------------------------------------------- */
+
+/* 1 if the sockets must travel over SDP, 0 if they must be kernel TCP. */
+static inline int tl_sdp_mode(void)
+{
+	const char *e = getenv("SDP_EXPECT");
+	if (e && *e)
+		return strcmp(e, "sdp") == 0;
+	e = getenv("LD_PRELOAD");
+	return e && strstr(e, "libsdp") != NULL;
+}
+
+#define expect_transport(fd) tl_expect_transport((fd), __FILE__, __LINE__)
+static inline void tl_expect_transport(int fd, const char *file, int line)
+{
+	int v = -7;
+	socklen_t len = sizeof v;
+	errno = 0;
+	int r = getsockopt(fd, SOL_TCP, SDP_TRANSPORT, &v, &len);
+	if (tl_sdp_mode()) {
+		if (r != 0 || v != 1 || len != sizeof v) {
+			fprintf(stderr, "%s:%d: [pid %d] fd %d is not on SDP: "
+				"getsockopt(SDP_TRANSPORT) = %d, value %d, "
+				"errno %d (%s)\n", file, line, (int)getpid(),
+				fd, r, v, errno, strerror(errno));
+			_exit(1);
+		}
+	} else if (r != -1 || errno != ENOPROTOOPT) {
+		fprintf(stderr, "%s:%d: [pid %d] fd %d: kernel TCP must reject "
+			"SDP_TRANSPORT with ENOPROTOOPT, got %d value %d errno "
+			"%d (%s)\n", file, line, (int)getpid(), fd, r, v, errno,
+			strerror(errno));
+		_exit(1);
+	}
+}
+
+/* Reads SDP_STATS. In sdp mode it must succeed (returns 1); in tcp mode it
+ * must fail with ENOPROTOOPT (returns 0, *st zeroed). */
+static inline int tl_stats(int fd, struct sdp_sock_stats *st)
+{
+	socklen_t len = sizeof *st;
+	memset(st, 0, sizeof *st);
+	errno = 0;
+	int r = getsockopt(fd, SOL_TCP, SDP_STATS, st, &len);
+	if (tl_sdp_mode()) {
+		CHECK(r == 0, "getsockopt(fd %d, SDP_STATS)", fd);
+		CHECK_EQ(len, sizeof *st);
+		CHECK_EQ(st->transport, 1);
+		return 1;
+	}
+	CHECK(r == -1 && errno == ENOPROTOOPT,
+	      "kernel TCP must reject SDP_STATS with ENOPROTOOPT");
+	memset(st, 0, sizeof *st);
+	return 0;
+}
+
+/* In sdp mode: the socket's stream byte counters are exactly tx and rx. */
+#define expect_bytes(fd, tx, rx)                                            \
+	do {                                                                \
+		struct sdp_sock_stats s_;                                   \
+		if (tl_stats((fd), &s_)) {                                  \
+			CHECK_EQ(s_.tx_bytes, (tx));                        \
+			CHECK_EQ(s_.rx_bytes, (rx));                        \
+		}                                                           \
+	} while (0)
+
+/* ---- processes -------------------------------------------------------- */
+
+/* fork(); the child gets its own watchdog. */
+static inline pid_t tl_fork(void)
+{
+	fflush(NULL);
+	pid_t pid = SYS(fork());
+	if (pid == 0)
+		tl_watchdog(tl_watchdog_secs ? tl_watchdog_secs : 10);
+	return pid;
+}
+
+/* Wait for a child that must exit 0. */
+static inline void tl_wait_ok(pid_t pid)
+{
+	int st;
+	pid_t r;
+	do
+		r = waitpid(pid, &st, 0);
+	while (r < 0 && errno == EINTR);
+	if (r != pid)
+		TL_FAIL("waitpid(%d)", (int)pid);
+	if (WIFSIGNALED(st))
+		TL_FAIL("child %d killed by signal %d (%s)", (int)pid,
+			WTERMSIG(st), strsignal(WTERMSIG(st)));
+	if (WEXITSTATUS(st) != 0)
+		TL_FAIL("child %d exited with status %d", (int)pid,
+			WEXITSTATUS(st));
+}
+
+static inline int tl_have_ipv6(void)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = tl_addr(AF_INET6, 0, &ss);
+	int fd = socket(AF_INET6, SOCK_STREAM, 0);
+	if (fd < 0)
+		return 0;
+	int ok = bind(fd, (struct sockaddr *)&ss, len) == 0;
+	close(fd);
+	return ok;
+}
+
+#endif /* SDP_TESTLIB_H */
