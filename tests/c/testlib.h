@@ -23,7 +23,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <sys/types.h>
+#include <sys/uio.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -136,6 +139,20 @@ static inline double tl_now(void)
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Let ms milliseconds pass (pacing, never synchronisation). */
+static inline void tl_idle_ms(unsigned ms)
+{
+	int t = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC);
+	struct itimerspec its = { .it_value = { ms / 1000,
+						(long)(ms % 1000) * 1000000 } };
+	uint64_t ticks;
+	if (t < 0 || timerfd_settime(t, 0, &its, NULL) < 0)
+		TL_FAIL("timerfd");
+	while (read(t, &ticks, sizeof ticks) < 0 && errno == EINTR)
+		;
+	close(t);
 }
 
 /* ---- data pattern: byte at stream offset i for a given seed ----------- */
