@@ -33,8 +33,8 @@ from sdpbench.progress import Progress  # noqa: E402
 
 MODES = {
     #        reps  micro s  app s
-    "full": (5, 0.5, 3),
-    "quick": (3, 0.15, 1),
+    "full": (5, 0.25, 2),
+    "quick": (3, 0.1, 1),
     "tiny": (1, 0.05, 1),
 }
 
@@ -128,6 +128,7 @@ def main(argv=None) -> int:
     prog = Progress(0, enabled=not args.no_progress)
     rows: list = []
     interrupted = False
+    exp_seconds: dict = {}
     mach = machine.describe()
     command = "sdp bench " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     try:
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
             prog.message("setting up network namespaces ...")
         cfgmod.resolve(configs, ctx, netns)
         pl = runner.plan(exps, configs, ctx)
-        prog.total = max(runner.count_runs(pl, reps), 1)
+        prog.total = max(runner.count_runs(pl, ctx), 1)
         prog.message(f"sdp bench ({mode}): {len(exps)} experiments, "
                      f"{sum(c.available for c in configs)}/{len(configs)} configurations available, "
                      f"{prog.total} runs -> {out}")
@@ -144,6 +145,7 @@ def main(argv=None) -> int:
                 prog.message(f"  {c.name}: not available ({c.reason})")
 
         def done(exp, secs):
+            exp_seconds[exp.name] = round(secs, 1)
             prog.message(f"  {exp.name} done in {secs:.1f} s")
 
         rows = runner.run_all(pl, ctx, prog, on_experiment_done=done)
@@ -174,6 +176,7 @@ def main(argv=None) -> int:
         "rows": rows,
         "derived": {"crossover": runner.crossover(rows)},
         "duration_s": round(time.monotonic() - t_start, 1),
+        "experiment_seconds": exp_seconds,
         "interrupted": interrupted,
     }
     order = [c.name for c in configs]

@@ -118,8 +118,13 @@ def _app_sample(srv: Servers, cres, secs, metrics, nbytes=None, extra=None) -> S
 class AppExperiment(Experiment):
     kind = "app"
 
+    # The applications run for seconds each: in --quick one run per point
+    # and no warm-up keep the whole suite within its time budget.
     def reps_for(self, ctx: Ctx) -> int:
-        return ctx.reps
+        return 1 if ctx.mode == "quick" else ctx.reps
+
+    def warmup_for(self, ctx: Ctx) -> bool:
+        return ctx.mode == "full"
 
 
 class Iperf3(AppExperiment):
@@ -176,7 +181,7 @@ class Sockperf(AppExperiment):
     xparam = None
 
     def params(self, mode):
-        return [{"size": s} for s in _pick(mode, [64, 1024], [64], [64])]
+        return [{"size": s} for s in _pick(mode, [64], [64], [64])]
 
     def run(self, ctx, cfg, p):
         port = _port(ctx, cfg)
@@ -184,7 +189,7 @@ class Sockperf(AppExperiment):
         try:
             srv.start(["sockperf", "sr", "--tcp", "-i", cfg.server_addr, "-p", str(port)], port,
                       "sockperf sr")
-            t = max(ctx.app_dur, 1) + (1 if ctx.mode == "full" else 0)
+            t = max(ctx.app_dur, 1)
             args = ["sockperf", "pp", "--tcp", "-i", cfg.server_addr, "-p", str(port),
                     "-t", str(t), "-m", str(p["size"])]
             srv.begin()
@@ -327,12 +332,12 @@ class Nginx(AppExperiment):
     cpu_bars = "total"
 
     def params(self, mode):
-        return [{"file_size": s} for s in _pick(mode, [K, 16 * K, 256 * K, M], [K, M], [K])]
+        return [{"file_size": s} for s in _pick(mode, [K, 64 * K, M], [16 * K], [K])]
 
     def setup(self, ctx):
         self.www = os.path.join(ctx.tmp, "www")
         os.makedirs(self.www, exist_ok=True)
-        for s in (K, 16 * K, 256 * K, M):
+        for s in (K, 16 * K, 64 * K, 256 * K, M):
             with open(os.path.join(self.www, f"f{s}"), "wb") as fh:
                 fh.write(bytes((i * 7) & 0xFF for i in range(s)))
         self.lua = os.path.join(ctx.tmp, "wrk-cdf.lua")

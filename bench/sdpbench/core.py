@@ -101,6 +101,12 @@ class Experiment:
     def params(self, mode: str) -> list[dict]:
         raise NotImplementedError
 
+    def reps_for(self, ctx: "Ctx") -> int:
+        return ctx.reps
+
+    def warmup_for(self, ctx: "Ctx") -> bool:
+        return True
+
     def wants(self, cfg) -> bool:
         if cfg.kind == "raw":
             return cfg.name in self.raw_configs

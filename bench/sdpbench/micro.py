@@ -46,8 +46,11 @@ def perf_pair(ctx: Ctx, cfg, client_args: list[str], sessions: int | None,
     try:
         hello = srv.wait_json(lambda j: j.get("event") == "listening", timeout=15)
         if not hello:
-            srv.stop()
-            return None, None, "server did not start: " + _tail(srv.stderr() or srv.stdout())
+            alive = srv.running()
+            rc = srv.stop()
+            state = "no 'listening' line after 15 s" if alive else f"exited with {rc}"
+            return None, None, (f"server did not start ({state}): "
+                                + _tail(srv.stderr() or srv.stdout()))
         port = str(hello["port"])
         cargv = [ctx.perf] + client_args + ["--host", cfg.server_addr, "--port", port]
         res = run_client(cfg.wrap(cargv, "client", ctx), env, timeout=timeout)
@@ -136,7 +139,7 @@ class Latency(Experiment):
 
     def params(self, mode):
         sizes = _pick(mode, [1, 64, K, 4 * K, 16 * K, 64 * K, 256 * K, M],
-                      [1, 1 * K, 64 * K, M], [64])
+                      [64, 64 * K], [64])
         return [{"size": s} for s in sizes]
 
     def run(self, ctx, cfg, p):
@@ -236,7 +239,7 @@ class PerByte(Experiment):
     def params(self, mode):
         sizes = _pick(mode, [K, 4 * K, 16 * K, 64 * K, 256 * K, M],
                       [4 * K, 64 * K, M], [64 * K])
-        streams = _pick(mode, [1, 2, 8], [1, 2], [1])
+        streams = _pick(mode, [1, 2, 8], [1, 4], [1])
         return [{"size": s, "streams": n} for n in streams for s in sizes]
 
     def run(self, ctx, cfg, p):
@@ -263,7 +266,7 @@ class HotSpot(Experiment):
 
     def params(self, mode):
         sizes = _pick(mode, [64, 16 * K], [K], [64])
-        clients = _pick(mode, [1, 2, 4, 8], [1, 4], [2])
+        clients = _pick(mode, [1, 2, 4, 8], [4], [2])
         return [{"size": s, "clients": c} for s in sizes for c in clients]
 
     def run(self, ctx, cfg, p):
@@ -288,7 +291,7 @@ class FanIn(Experiment):
     reverse = False
 
     def params(self, mode):
-        clients = _pick(mode, [1, 2, 4, 8], [2, 4], [2])
+        clients = _pick(mode, [1, 2, 4, 8], [4], [2])
         return [{"size": 16 * K, "clients": c} for c in clients]
 
     def run(self, ctx, cfg, p):
@@ -330,7 +333,7 @@ class Overlap(Experiment):
 
     def params(self, mode):
         sizes = _pick(mode, [64 * K, M], [64 * K], [64 * K])
-        busy = _pick(mode, [0, 25, 50, 100, 200], [0, 50, 200], [50])
+        busy = _pick(mode, [0, 50, 100, 200], [0, 100], [50])
         return [{"size": s, "busy_us": b} for s in sizes for b in busy]
 
     def run(self, ctx, cfg, p):
@@ -352,7 +355,7 @@ class PageFault(Experiment):
 
     def params(self, mode):
         sizes = _pick(mode, [64 * K, M], [64 * K], [64 * K])
-        wins = _pick(mode, [1, 2, 4, 8, 16, 64], [1, 16], [4])
+        wins = _pick(mode, [1, 4, 16, 64], [1, 16], [4])
         return [{"size": s, "window": w} for s in sizes for w in wins]
 
     def run(self, ctx, cfg, p):

@@ -25,6 +25,7 @@ class Proc:
         self.lines: list[str] = []
         self.err_lines: list[str] = []
         self._cv = threading.Condition()
+        self._eofs = 0
         self.p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, env=env, cwd=cwd,
                                   start_new_session=True, text=True, errors="replace")
@@ -40,6 +41,7 @@ class Proc:
                 sink.append(line.rstrip("\n"))
                 self._cv.notify_all()
         with self._cv:
+            self._eofs += 1
             self._cv.notify_all()
 
     def running(self) -> bool:
@@ -62,7 +64,9 @@ class Proc:
                     if pred(line):
                         return line
                 left = end - time.monotonic()
-                if left <= 0 or (self.p.poll() is not None and idx_o >= len(self.lines)
+                # finished: both pipes at EOF (the process and its children
+                # closed them) and every line looked at
+                if left <= 0 or (self._eofs >= 2 and idx_o >= len(self.lines)
                                  and idx_e >= len(self.err_lines)):
                     return None
                 self._cv.wait(min(left, 0.05))

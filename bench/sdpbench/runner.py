@@ -98,8 +98,9 @@ def plan(exps: list[Experiment], configs: list, ctx: Ctx) -> list[tuple]:
     return out
 
 
-def count_runs(pl: list[tuple], reps: int) -> int:
-    return sum(len(avail) * (len(params) * reps + 1) for _, avail, _, params in pl)
+def count_runs(pl: list[tuple], ctx: Ctx) -> int:
+    return sum(len(avail) * (len(params) * exp.reps_for(ctx) + int(exp.warmup_for(ctx)))
+               for exp, avail, _, params in pl)
 
 
 def run_all(pl: list[tuple], ctx: Ctx, progress, on_experiment_done=None) -> list[dict]:
@@ -113,15 +114,16 @@ def run_all(pl: list[tuple], ctx: Ctx, progress, on_experiment_done=None) -> lis
             exp.setup(ctx)
         try:
             # warm-up: one discarded run per configuration
-            for c in avail:
+            for c in (avail if exp.warmup_for(ctx) else []):
                 progress.update(f"{exp.name}: warm-up {c.name}")
                 safe_run(exp, ctx, c, params[0])
                 progress.update(f"{exp.name}: warm-up {c.name}", advance=1)
             samples: dict[tuple[int, int], list[Sample]] = {}
+            reps = exp.reps_for(ctx)
             for pi, p in enumerate(params):
-                for rep in range(ctx.reps):
+                for rep in range(reps):
                     for ci, c in enumerate(avail):   # A B C A B C ...
-                        msg = f"{exp.name} {param_text(p)} rep {rep + 1}/{ctx.reps} {c.name}"
+                        msg = f"{exp.name} {param_text(p)} rep {rep + 1}/{reps} {c.name}"
                         progress.update(msg)
                         s = safe_run(exp, ctx, c, p)
                         samples.setdefault((pi, ci), []).append(s)
