@@ -135,7 +135,8 @@ static void run(int family)
 	}
 	CHECK_EQ(geti(l, SOL_SOCKET, SO_REUSEADDR), 1);
 
-	/* FIONREAD / SIOCINQ follow the receive queue exactly. */
+	/* FIONREAD / SIOCINQ follow the receive queue exactly (Nagle is off
+	 * for c from here: the loop above left TCP_NODELAY set). */
 	int n = -1;
 	SYS(ioctl(s, FIONREAD, &n));
 	CHECK_EQ(n, 0);

@@ -87,6 +87,7 @@ def test_tcp_fortify_entry_points():
                          capture_output=True, text=True, check=True)
     syms = {line.split()[-1].split("@")[0] for line in res.stdout.splitlines()
             if line.strip()}
-    for want in ("__read_chk", "__recv_chk", "__recvfrom_chk", "fcntl64"):
+    for want in ("__read_chk", "__recv_chk", "__recvfrom_chk", "__poll_chk",
+                 "fcntl64"):
         assert want in syms, "%s not referenced by t_fortify: %s" % (
             want, sorted(syms))

@@ -249,7 +249,16 @@ static inline int tl_connect(int family, uint16_t port)
 	return fd;
 }
 
-/* A connected pair in one process: *cli connected, *srv accepted. */
+/* Nagle off: everything sent is at the peer when send() returns, so a
+ * test can expect queued bytes without timing assumptions. */
+static inline void tl_nodelay(int fd)
+{
+	int one = 1;
+	SYS(setsockopt(fd, SOL_TCP, TCP_NODELAY, &one, sizeof one));
+}
+
+/* A connected pair in one process: *cli connected, *srv accepted, both
+ * with TCP_NODELAY. */
 static inline void tl_pair(int family, int *cli, int *srv)
 {
 	uint16_t port;
@@ -257,6 +266,8 @@ static inline void tl_pair(int family, int *cli, int *srv)
 	*cli = tl_connect(family, port);
 	*srv = SYS(accept(l, NULL, NULL));
 	SYS(close(l));
+	tl_nodelay(*cli);
+	tl_nodelay(*srv);
 }
 
 /* Send or receive exactly len bytes (blocking socket), checked. */
