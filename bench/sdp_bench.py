@@ -35,7 +35,7 @@ MODES = {
     #        reps  micro s  app s
     "full": (5, 0.25, 2),
     "quick": (3, 0.1, 1),
-    "tiny": (1, 0.05, 1),
+    "tiny": (1, 0.04, 1),
 }
 
 
@@ -171,6 +171,7 @@ def main(argv=None) -> int:
         "machine": mach,
         "sdp_features": ctx.sdp_features,
         "veth_offload_state": offl,
+        "veth_namespaces": [n for off in (False, True) for n in netns.names(off)],
         "configs": [c.to_json() for c in configs],
         "experiments": [e.describe() for e in exps],
         "rows": rows,

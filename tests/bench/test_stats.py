@@ -1,0 +1,104 @@
+"""Statistics of the benchmark suite on known inputs."""
+import math
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "bench"))
+
+from sdpbench import stats  # noqa: E402
+from sdpbench.core import Sample  # noqa: E402
+
+
+def test_median_odd_even():
+    assert stats.median([3, 1, 2]) == 2
+    assert stats.median([4, 1, 3, 2]) == 2.5
+    assert stats.median([7]) == 7
+    assert stats.median([]) is None
+
+
+def test_median_ignores_missing():
+    assert stats.median([None, 5, float("nan"), 1, 3]) == 3
+
+
+def test_percentile_known_values():
+    xs = list(range(1, 101))          # 1..100
+    assert stats.percentile(xs, 0) == 1
+    assert stats.percentile(xs, 100) == 100
+    assert stats.percentile(xs, 50) == pytest.approx(50.5)
+    assert stats.percentile(xs, 99) == pytest.approx(99.01)
+    assert stats.percentile([10, 20], 25) == pytest.approx(12.5)
+    assert stats.percentile([5], 99) == 5
+    assert stats.percentile([], 50) is None
+    with pytest.raises(ValueError):
+        stats.percentile([1], 101)
+
+
+def test_percentile_order_independent():
+    a = [9, 1, 8, 2, 7, 3, 6, 4, 5]
+    assert stats.percentile(a, 90) == stats.percentile(sorted(a), 90)
+
+
+def test_summarize():
+    s = stats.summarize([5.0, 1.0, 3.0, None])
+    assert s == {"median": 3.0, "min": 1.0, "max": 5.0, "n": 3}
+    assert stats.summarize([None]) is None
+
+
+def test_ratio():
+    assert stats.ratio(10, 4) == 2.5
+    assert stats.ratio(1, 0) is None
+    assert stats.ratio(None, 2) is None
+
+
+def test_cdf_points():
+    xs, ys = stats.cdf_points([3, 1, 2, 4])
+    assert xs == [1, 2, 3, 4]
+    assert ys == [0.25, 0.5, 0.75, 1.0]
+
+
+def test_sample_cpu_per_gb():
+    # 1.5 CPU-seconds per second over 2 s while moving 3 GB -> 1 s/GB
+    s = Sample(ok=True, cpu_client=1.0, cpu_server=0.5, bytes=3e9, seconds=2.0)
+    assert s.cpu_total == 1.5
+    assert s.cpu_per_gb == pytest.approx(1.0)
+    assert Sample(ok=True).cpu_per_gb is None
+
+
+def test_runner_aggregate_and_crossover():
+    from sdpbench import micro, runner
+    from sdpbench.configs import all_configs
+    exp = [e for e in micro.experiments() if e.name == "perbyte"][0]
+    cfgs = {c.name: c for c in all_configs()}
+    rows = []
+    # zero copy wins from 64 KiB up in bandwidth, from 16 KiB up in CPU
+    table = {4096: ((10, 1.0), (5, 2.0)), 16384: ((10, 1.0), (8, 0.5)),
+             65536: ((10, 1.0), (20, 0.4)), 1 << 20: ((10, 1.0), (30, 0.3))}
+    for size, ((bw_b, c_b), (bw_z, c_z)) in table.items():
+        for name, bw, c in (("sdp-bcopy", bw_b, c_b), ("sdp-zcopy-all", bw_z, c_z)):
+            samples = [Sample(ok=True, metrics={"gbps": bw + d, "us_per_kb": c}, transport="sdp")
+                       for d in (-1, 0, 1)]
+            rows.append(runner.aggregate(exp, cfgs[name], {"size": size, "streams": 1}, samples))
+    r0 = rows[0]
+    assert r0["valid"] and r0["metrics"]["gbps"] == {"median": 10, "min": 9, "max": 11, "n": 3,
+                                                     "unit": "Gbit/s"}
+    cross = runner.crossover(rows)
+    assert cross == [{"streams": 1, "bandwidth_crossover_bytes": 65536,
+                      "cpu_crossover_bytes": 16384, "sizes": sorted(table)}]
+
+
+def test_aggregate_marks_failures_and_transport():
+    from sdpbench import micro, runner
+    from sdpbench.configs import all_configs
+    exp = micro.experiments()[1]
+    cfg = all_configs()[0]
+    bad = Sample(ok=False, reason="boom")
+    good = Sample(ok=True, metrics={"gbps": 1.0}, transport="tcp")
+    row = runner.aggregate(exp, cfg, {"size": 1}, [good, bad])
+    assert not row["valid"] and "boom" in row["reason"] and row["failures"] == 1
+    wrong = Sample(ok=True, metrics={"gbps": 1.0}, transport="tcp", transport_ok=False,
+                   reason="SDP path not used")
+    row = runner.aggregate(exp, cfg, {"size": 1}, [wrong])
+    assert not row["valid"] and row["reason"] == "SDP path not used"
+    assert math.isclose(row["metrics"]["gbps"]["median"], 1.0)
