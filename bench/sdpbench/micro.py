@@ -98,7 +98,12 @@ def sample_from_perf(cfg, cj: dict | None, sj: dict | None, err: str | None,
 
 def rawbench(ctx: Ctx, cfg, test: str, size: int, dur: float) -> Sample:
     argv = [ctx.raw, test, "--size", str(size), "--time", f"{dur:g}"]
-    res = run_client(cfg.wrap(argv, "client", ctx), cfg.environ(), timeout=dur * 3 + 30)
+    if ctx.pin and ctx.cpus:
+        # the tool forks its peer: it pins both processes itself
+        argv += ["--cpus", f"{ctx.cpus[0]},{ctx.cpus[-1]}"]
+    else:
+        argv = cfg.wrap(argv, "client", ctx)
+    res = run_client(argv, cfg.environ(), timeout=dur * 3 + 30)
     j = last_json(res.stdout, lambda j: j.get("tool") == "sdp-rawbench")
     if j is None:
         return fail(f"sdp-rawbench failed (exit {res.rc}): " + _tail(res.stderr))

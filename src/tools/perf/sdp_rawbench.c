@@ -36,11 +36,24 @@
 static uint64_t g_size = 65536, g_iters = 200000, g_ring = 4u << 20;
 static double g_time = 1.0;
 static int g_write;
+static int g_cpu_parent = -1, g_cpu_child = -1;
+
+/* --cpus PEER,SELF: pin the peer (child) and the measuring process */
+static void pin_to(int cpu)
+{
+	if (cpu < 0)
+		return;
+	cpu_set_t set;
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set) != 0)
+		perror("sched_setaffinity");
+}
 
 static void usage(void)
 {
 	fprintf(stderr,
-		"usage: sdp-rawbench cma --size S [--time T] [--write]\n"
+		"usage: sdp-rawbench cma --size S [--time T] [--write] [--cpus PEER,SELF]\n"
 		"       sdp-rawbench shm-bw --size S [--time T] [--ring R]\n"
 		"       sdp-rawbench shm-lat --size S [--time T] [--iters N] [--ring R]\n");
 	exit(2);
@@ -154,6 +167,7 @@ static int run_cma(void)
 		return 1;
 	}
 	if (pid == 0) {
+		pin_to(g_cpu_child);
 		close(p2c[1]);
 		close(c2p[0]);
 		char *buf = xmap(g_size, false);
@@ -282,6 +296,7 @@ static int run_shm(bool lat)
 		return 1;
 	}
 	if (pid == 0) {
+		pin_to(g_cpu_child);
 		char *buf = xmap(g_size, false);
 		unsigned spins = 0;
 		while (!atomic_load_explicit(&ctl->go, memory_order_acquire))
@@ -364,11 +379,17 @@ int main(int argc, char **argv)
 		else if (!strcmp(argv[i], "--iters") && v) { g_iters = strtoull(v, NULL, 10); i++; }
 		else if (!strcmp(argv[i], "--ring") && v) { g_ring = parse_size(v); i++; }
 		else if (!strcmp(argv[i], "--write")) { g_write = 1; }
+		else if (!strcmp(argv[i], "--cpus") && v) {
+			if (sscanf(v, "%d,%d", &g_cpu_child, &g_cpu_parent) != 2)
+				usage();
+			i++;
+		}
 		else usage();
 	}
 	if (!g_size || g_size > (1ull << 30) || !g_ring || g_time <= 0 || g_time > 600 || g_iters < 10)
 		usage();
 	alarm((unsigned)(g_time * 2 + 60));
+	pin_to(g_cpu_parent);
 	if (!strcmp(cmd, "cma"))
 		return run_cma();
 	if (!strcmp(cmd, "shm-bw"))
