@@ -158,7 +158,14 @@ int main(void)
 	SYS(close(c));
 	SYS(close(pp[1]));
 	SYS(close(up[1]));
-	EXPECT_READY(ep, B(S_TCP) | B(S_PIPE) | B(S_UNIX));
+	struct pollfd e[4] = { { s, POLLIN, 0 }, { pp[0], POLLIN, 0 },
+			       { up[0], POLLIN, 0 }, { tfd, POLLIN, 0 } };
+	CHECK_EQ(poll(e, 4, 2000), 3);
+	CHECK_EQ(e[0].revents, POLLIN);			/* half-closed TCP */
+	CHECK_EQ(e[1].revents, POLLHUP);		/* pipe, no writer */
+	CHECK_EQ(e[2].revents, POLLIN | POLLHUP);	/* unix, peer gone */
+	CHECK_EQ(e[3].revents, 0);
+	CHECK_EQ(recv(s, buf, sizeof buf, 0), 0);
 
 	int all[] = { s, pp[0], up[0], tfd, l, c2, s2, c3, s3, ep };
 	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
