@@ -33,7 +33,7 @@ from sdpbench.progress import Progress  # noqa: E402
 
 MODES = {
     #        reps  micro s  app s
-    "full": (5, 0.25, 2),
+    "full": (5, 0.2, 2),
     "quick": (3, 0.1, 1),
     "tiny": (1, 0.04, 1),
 }
@@ -139,7 +139,8 @@ def main(argv=None) -> int:
         prog.total = max(runner.count_runs(pl, ctx), 1)
         prog.message(f"sdp bench ({mode}): {len(exps)} experiments, "
                      f"{sum(c.available for c in configs)}/{len(configs)} configurations available, "
-                     f"{prog.total} runs -> {out}")
+                     f"{prog.total} runs, about {runner.estimate_seconds(pl, ctx) / 60:.0f} min "
+                     f"-> {out}")
         for c in configs:
             if not c.available:
                 prog.message(f"  {c.name}: not available ({c.reason})")

@@ -189,7 +189,7 @@ class Sockperf(AppExperiment):
         try:
             srv.start(["sockperf", "sr", "--tcp", "-i", cfg.server_addr, "-p", str(port)], port,
                       "sockperf sr")
-            t = max(ctx.app_dur, 1)
+            t = 1   # plus sockperf's own 0.4 s warm-up and its start-up
             args = ["sockperf", "pp", "--tcp", "-i", cfg.server_addr, "-p", str(port),
                     "-t", str(t), "-m", str(p["size"])]
             srv.begin()
@@ -228,7 +228,7 @@ class Redis(AppExperiment):
     def run(self, ctx, cfg, p):
         port = _port(ctx, cfg)
         srv = Servers(ctx, cfg)
-        n = _pick(ctx.mode, 100000, 20000, 2000)
+        n = _pick(ctx.mode, 50000, 20000, 2000)
         try:
             srv.start(["redis-server", "--port", str(port), "--bind", cfg.server_addr,
                        "--save", "", "--appendonly", "no", "--protected-mode", "no",

@@ -107,6 +107,17 @@ def plan(exps: list[Experiment], configs: list, ctx: Ctx) -> list[tuple]:
     return out
 
 
+def estimate_seconds(pl: list[tuple], ctx: Ctx) -> float:
+    """Rough duration of a plan: the measured time of each run plus start-up."""
+    total = 0.0
+    for exp, avail, _, params in pl:
+        # start-up costs measured on a 2-CPU machine
+        per = (ctx.app_dur + 0.4) if exp.kind == "app" else (ctx.dur + 0.04)
+        per = {"sockperf": 3.3, "redis": 1.0}.get(exp.name, per)
+        total += per * len(avail) * (len(params) * exp.reps_for(ctx) + int(exp.warmup_for(ctx)))
+    return total
+
+
 def count_runs(pl: list[tuple], ctx: Ctx) -> int:
     return sum(len(avail) * (len(params) * exp.reps_for(ctx) + int(exp.warmup_for(ctx)))
                for exp, avail, _, params in pl)
