@@ -124,7 +124,7 @@ def _lines(exp: Experiment, rows: list[dict], order: list[str]):
             ax.set_zorder(ax2.get_zorder() + 1)
             ax.patch.set_visible(False)
         if prow:
-            ax.legend(fontsize=7, loc="best")
+            ax.legend(fontsize=7, loc="best", framealpha=0.9)
     if exp.name == "latency":
         fig.text(0.01, 0.01, "solid: p50, dotted: p99; error bars: min-max over repetitions",
                  fontsize=7)

@@ -119,7 +119,11 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
     others = [m for m in exp.metrics if m.name != exp.primary]
     head = pkeys + ["config", f"{pm.label} ({pm.unit}) median [min–max]"]
     head += [f"{m.label} ({m.unit})" for m in others]
-    head += ["CPU client+server (s/s)", "CPU (s/GB)", "× tcp", "× raw", "transport", "valid"]
+    head += ["CPU client+server (s/s)", "CPU (s/GB)", "× tcp", "× raw", "transport"]
+    zc = any(r.get("extra", {}).get("zcopy_fraction") for r in avail)
+    if zc:
+        head.append("zero-copy share")
+    head.append("valid")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in avail:
         st = r["metrics"].get(exp.primary)
@@ -141,6 +145,9 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
             rr = ratio(_med(r, lim[1]), lim[0])
         cells.append(_fmt(rr, 2) if rr is not None else "–")
         cells.append(r.get("transport") or "–")
+        if zc:
+            z = r.get("extra", {}).get("zcopy_fraction")
+            cells.append(f"{z['median'] * 100:.0f} %" if z else "–")
         if r["valid"]:
             cells.append("yes")
         else:
@@ -181,6 +188,7 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
           "latency, `raw-cma` bandwidth for bandwidth). CPU is CPU-seconds per second of the "
           "measured interval (1.0 = one CPU fully busy), client + server, and CPU-seconds per "
           "GB moved (= µs per KB, the per-byte overhead of paper 000).", ""]
+    L += _summary(doc, exps)
     L += ["## Experiments", ""]
     for exp in exps:
         L.append(f"- [{exp.name}](#{exp.name}) — {exp.title} ({exp.reproduces})")
@@ -222,4 +230,68 @@ def _crossover_md(cross: list[dict]) -> list[str]:
                  f"{fmt_size(u) if u else 'none in range'} |")
     L += ["", "Paper 000 (§4.2) found the bandwidth crossover at 256 KB for 1 connection, 64 KB "
           "for 2, 32 KB for 4 and 16 KB for 8.", ""]
+    return L
+
+
+def representative(exp: Experiment, rows: list[dict]) -> dict | None:
+    """The parameter point a summary shows: 64 KiB messages (or the size
+    closest to it), the most streams / clients / connections there are."""
+    params = []
+    for r in rows:
+        if r["experiment"] == exp.name and r["params"] not in params:
+            params.append(r["params"])
+    if not params:
+        return None
+
+    def key(p):
+        size = p.get("size", p.get("file_size", 65536))
+        busy = p.get("busy_us", 0)
+        win = p.get("window", 0)
+        many = p.get("streams", 0) + p.get("clients", 0) + p.get("conns", 0)
+        return (abs(size - 65536) if isinstance(size, int) else 0, busy, win, -many)
+    return sorted(params, key=key)[0]
+
+
+def _summary(doc: dict, exps: list[Experiment]) -> list[str]:
+    rows = doc["rows"]
+    cfgs = [c["name"] for c in doc["configs"] if c["available"]]
+    if not cfgs:
+        return []
+    L = ["## Summary", "",
+         "Median of the primary metric at one representative point per experiment "
+         "(nearest to 64 KiB; most streams/clients); `×` = ratio to `tcp`. "
+         "Invalid results are struck through.", ""]
+    L.append("| experiment | point | metric | " + " | ".join(f"`{c}`" for c in cfgs) + " |")
+    L.append("|---|---|---|" + "---|" * len(cfgs))
+    for exp in exps:
+        p = representative(exp, rows)
+        if p is None:
+            continue
+        m = exp.metric(exp.primary)
+        base = None
+        for r in rows:
+            if r["experiment"] == exp.name and r["config"] == "tcp" and r["params"] == p:
+                base = _med(r, exp.primary)
+        cells = []
+        for c in cfgs:
+            r = next((r for r in rows if r["experiment"] == exp.name and r["config"] == c
+                      and r["params"] == p), None)
+            if r is None or not r.get("available"):
+                cells.append("n/a")
+                continue
+            v = _med(r, exp.primary)
+            if v is None:
+                cells.append("failed")
+                continue
+            txt = _fmt(v)
+            if base and c != "tcp":
+                txt += f" ({v / base:.2f}×)"
+            if not r.get("valid"):
+                txt = f"~~{txt}~~"
+            cells.append(txt)
+        pt = ", ".join(f"{k}={_pval(k, v)}" for k, v in p.items())
+        L.append(f"| [{exp.name}](#{exp.name}) | {pt} | {m.label} ({m.unit}, "
+                 f"{'lower' if m.better == 'lower' else 'higher'} is better) | "
+                 + " | ".join(cells) + " |")
+    L.append("")
     return L
