@@ -102,6 +102,15 @@ int  shm_peer_fin(struct fab_ep *ep);        /* peer direction finished, all con
 void shm_set_abort(struct fab_ep *ep);
 int  shm_peer_abort(struct fab_ep *ep);
 
+/* Fallback to TCP (sdp/fallback.c). */
+int  shm_peer_fb(struct fab_ep *ep);
+int  shm_my_fb(struct fab_ep *ep);
+void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);
+void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
+uint64_t shm_tokens_due(struct fab_ep *ep);
+void shm_tokens_took(struct fab_ep *ep, uint64_t n);
+const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq);
+
 enum shm_state {
 	SHM_ST_CONNECTING = 0,   /* client sent its hello, TCP connect running */
 	SHM_ST_CONNECTED  = 1,   /* client's TCP connect succeeded */

@@ -51,7 +51,12 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
 	_Atomic uint32_t abort;       /* 1: connection reset by this side (TCP: RST) */
 	_Atomic int32_t  pid;         /* process that last used this side */
-	char pad2[40];
+	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
+	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
+	_Atomic uint32_t fb;          /* 1: this side left SDP (fallback to TCP) */
+	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
+	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
+	char pad2[8];
 };
 _Static_assert(sizeof(struct shm_side) == 192, "side block is 3 cache lines");
 
@@ -145,6 +150,14 @@ int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side)
 	return 0;
 }
 
+/* Tokens the peer announced that we have not consumed yet. */
+static uint64_t tokens_due(struct fab_ep *ep)
+{
+	uint64_t sent = atomic_load(&peer(ep)->tokens_sent);
+	uint64_t got = atomic_load(&me(ep)->tokens_rcvd);
+	return sent > got ? sent - got : 0;
+}
+
 uint64_t shm_token(struct fab_ep *ep) { return H(ep)->token; }
 void shm_set_state(struct fab_ep *ep, uint32_t st) { atomic_store(&H(ep)->state, st); }
 uint32_t shm_get_state(struct fab_ep *ep) { return atomic_load(&H(ep)->state); }
@@ -168,6 +181,33 @@ int shm_peer_fin(struct fab_ep *ep)
 }
 
 void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
+
+int shm_peer_fb(struct fab_ep *ep) { return atomic_load(&peer(ep)->fb) != 0; }
+int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }
+
+void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
+{
+	struct shm_side *m = me(ep);
+	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
+	m->fb_rx_off = rx_off;
+	atomic_store(&m->fb, 1);
+}
+
+void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
+{
+	struct shm_side *p = peer(ep);
+	*cons = atomic_load(&p->fb_rx_cons);
+	*off = p->fb_rx_off;
+}
+
+uint64_t shm_tokens_due(struct fab_ep *ep) { return tokens_due(ep); }
+void shm_tokens_took(struct fab_ep *ep, uint64_t n) { atomic_fetch_add(&me(ep)->tokens_rcvd, n); }
+
+/* Our own idx-th posted message counted from seq (for re-sending). */
+const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq)
+{
+	return ring(ep, ep->side) + (seq % ep->nslots) * ep->slot_size;
+}
 int shm_peer_abort(struct fab_ep *ep) { return atomic_load(&peer(ep)->abort) != 0; }
 
 /* ---- message channel ---------------------------------------------------- */
@@ -272,21 +312,40 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 		return 0;
 	if (!(atomic_fetch_and(&p->armed, ~what) & what))
 		return 0;                     /* someone else kicked already */
+	if (atomic_load(&me(ep)->fb))
+		return 0;                     /* our token count is final */
 	static const unsigned char tok = SHM_TOKEN_BYTE;
+	/* Count first: the peer never reads more bytes than we announced, so
+	 * after a fallback it cannot eat application data. */
+	atomic_fetch_add(&me(ep)->tokens_sent, 1);
 	long r = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
 			 NULL, 0);
+	if (r < 0)
+		atomic_fetch_sub(&me(ep)->tokens_sent, 1);
 	return r < 0 ? -errno : 1;
 }
 
 static int shm_drain(struct fab_ep *ep, int wfd)
 {
-	(void)ep;
 	unsigned char buf[256];
 	for (;;) {
-		long r = syscall(SYS_recvfrom, wfd, buf, sizeof buf, MSG_DONTWAIT,
+		uint64_t due = tokens_due(ep);
+		if (due == 0) {
+			/* Nothing announced: only look for FIN/RST. */
+			long r = syscall(SYS_recvfrom, wfd, buf, 1, MSG_DONTWAIT | MSG_PEEK,
+					 NULL, NULL);
+			if (r == 0)
+				return 1;
+			if (r < 0 && errno != EAGAIN && errno != EINTR)
+				return -errno;
+			return 0;
+		}
+		size_t want = due < sizeof buf ? (size_t)due : sizeof buf;
+		long r = syscall(SYS_recvfrom, wfd, buf, want, MSG_DONTWAIT,
 				 NULL, NULL);
 		if (r > 0) {
-			if ((size_t)r < sizeof buf)
+			atomic_fetch_add(&me(ep)->tokens_rcvd, (uint64_t)r);
+			if ((size_t)r < want)
 				return 0;
 			continue;
 		}

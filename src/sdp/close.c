@@ -19,6 +19,7 @@
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
+#include "switch/log.h"
 
 int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
 		 int iovcnt, size_t off, size_t len);
@@ -53,7 +54,9 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 void sdp_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
-	if (atomic_fetch_sub(&c->nproc, 1) > 1) {
+	uint32_t np = atomic_fetch_sub(&c->nproc, 1);
+	sdp_log(3, "release fd %d: %u process(es) held it", fd, np);
+	if (np > 1) {
 		/* Another process (fork) still holds the socket: drop only our
 		 * own mapping (the struct is shared, the mapping is not). */
 		munmap(ep->base, ep->len);
@@ -64,6 +67,8 @@ void sdp_release(struct sdp_conn *c, int fd)
 		/* TCP sends RST when closing with unread data. */
 		bool unread = sdp_fionread(c) > 0;
 		if (unread || atomic_load(&c->linger0)) {
+			sdp_log(2, "close fd %d with %s: abort", fd,
+				unread ? "unread data" : "SO_LINGER 0");
 			if (sdp_lock(&c->tx_lock) == 0) {
 				shm_set_abort(ep);
 				if (ep->ops->credits(ep) > 0)

@@ -70,6 +70,7 @@ struct sdp_conn {
 	_Atomic uint32_t linger0;      /* SO_LINGER on with 0 s: close = abort */
 	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
 	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
+	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 
 	uint32_t rx_off;               /* bytes of the head Data message consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
@@ -107,13 +108,19 @@ void    sdp_arm(struct sdp_conn *c, unsigned events);
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
 /* Common wait used by tx and rx: spin, arm, sleep. */
-int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo);
+int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
+		 pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
 void sdp_release(struct sdp_conn *c, int fd);
+
+/* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
+int  sdp_fallback(struct sdp_conn *c, int fd);
+bool sdp_fallback_pending(struct sdp_conn *c);
+#define SDP_EFALLBACK EREMCHG          /* internal: retry the call on TCP */
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */
 struct sdp_listener;

@@ -70,6 +70,8 @@ static void iov_scatter(const struct iovec *iov, int n, size_t off,
  * -errno = error, 1 = nothing known (wait). */
 static int rx_end_state(struct sdp_conn *c)
 {
+	if (sdp_fallback_pending(c))
+		return -SDP_EFALLBACK;
 	int e = atomic_load(&c->so_error);
 	if (e) {
 		atomic_store(&c->so_error, 0);
@@ -168,7 +170,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = -EAGAIN;
 			break;
 		}
-		r = sdp_wait(c, fd, FAB_WAIT_RX, true);
+		r = sdp_wait(c, fd, FAB_WAIT_RX, true, &c->rx_lock);
 		if (r)
 			break;
 	}
@@ -184,21 +186,20 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	return r;
 }
 
+/* Lock-free on purpose (a reader may be asleep in recv): a snapshot. */
 int sdp_fionread(struct sdp_conn *c)
 {
 	size_t n = 0;
-	if (sdp_lock(&c->rx_lock))
-		return 0;
 	uint32_t off = c->rx_off;
 	for (uint32_t i = 0;; i++) {
 		struct sdp_bsdh h;
 		const char *pl;
 		if (rx_hdr(c, i, &h, &pl) || h.mid != SDP_MID_DATA)
 			break;
-		n += h.len - sizeof h - off;
+		if (h.len - sizeof h >= off)
+			n += h.len - sizeof h - off;
 		off = 0;
 	}
-	sdp_unlock(&c->rx_lock);
 	return n > INT32_MAX ? INT32_MAX : (int)n;
 }
 

@@ -20,6 +20,7 @@ static inline int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
 static inline int sys_fcntl(int fd, int cmd, long arg) { return (int)syscall(SYS_fcntl, fd, cmd, arg); }
 static inline int sys_socket(int d, int t, int p) { return (int)syscall(SYS_socket, d, t, p); }
 static inline int sys_bind(int fd, const void *a, socklen_t l) { return (int)syscall(SYS_bind, fd, a, l); }
+static inline int sys_shutdown(int fd, int how) { return (int)syscall(SYS_shutdown, fd, how); }
 static inline int sys_listen(int fd, int b) { return (int)syscall(SYS_listen, fd, b); }
 static inline int sys_connect(int fd, const void *a, socklen_t l) { return (int)syscall(SYS_connect, fd, a, l); }
 static inline int sys_accept4(int fd, void *a, socklen_t *l, int f) { return (int)syscall(SYS_accept4, fd, a, l, f); }

@@ -70,6 +70,8 @@ int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *io
 
 static int tx_error(struct sdp_conn *c)
 {
+	if (sdp_fallback_pending(c))
+		return -SDP_EFALLBACK;
 	int e = atomic_load(&c->so_error);
 	if (e) {
 		atomic_store(&c->so_error, 0);
@@ -107,7 +109,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 				r = -EAGAIN;
 				break;
 			}
-			r = sdp_wait(c, fd, FAB_WAIT_CREDIT, false);
+			r = sdp_wait(c, fd, FAB_WAIT_CREDIT, false, &c->tx_lock);
 			if (!r)
 				r = tx_error(c);
 			if (r)

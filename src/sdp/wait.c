@@ -27,7 +27,7 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	struct fab_ep *ep = &c->ep;
 	if (atomic_load_explicit(&c->peer_gone, memory_order_relaxed) ||
 	    atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
-	    shm_peer_abort(ep))
+	    shm_peer_abort(ep) || sdp_fallback_pending(c))
 		return true;
 	if (what & FAB_WAIT_RX)
 		return ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep);
@@ -43,6 +43,9 @@ static void note_wakeup_result(struct sdp_conn *c, int r)
 		atomic_store(&c->peer_gone, 2);
 	}
 }
+
+static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
+			 bool use_rcvtimeo);
 
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
@@ -62,7 +65,19 @@ static int64_t remaining_ms(uint64_t deadline)
 	return (int64_t)((deadline - now + 999999) / 1000000);
 }
 
-int sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
+int sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
+	     pthread_mutex_t *held)
+{
+	/* Like the kernel's socket lock, ours is not held while sleeping:
+	 * close, shutdown or a fallback from another thread or process must
+	 * not wait for a blocked recv/send. The caller re-reads its state. */
+	sdp_unlock(held);
+	int ret = wait_unlocked(c, fd, what, use_rcvtimeo);
+	int r = sdp_lock(held);
+	return ret ? ret : r;
+}
+
+static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
 {
 	struct fab_ep *ep = &c->ep;
 	uint32_t spin = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
@@ -91,11 +106,18 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
 			break;
 		bool alone = atomic_load(&c->nwaiters) == 1;
 		if (alone && use_rcvtimeo) {
-			/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN. */
-			unsigned char buf[64];
-			long r = syscall(SYS_recvfrom, fd, buf, sizeof buf, 0, NULL, NULL);
+			/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN.
+			 * Peek: only announced tokens may be consumed. */
+			unsigned char b;
+			long r = syscall(SYS_recvfrom, fd, &b, 1, MSG_PEEK, NULL, NULL);
 			if (r > 0) {
-				c->st.doorbells_rx++;
+				sdp_on_wakeup(c, fd);
+				if (!shm_tokens_due(ep) && !cond_met(c, what)) {
+					/* A byte that is not a token: the peer
+					 * left SDP; let the caller see it. */
+					if (shm_peer_fb(ep))
+						break;
+				}
 				continue;
 			}
 			if (r == 0) {

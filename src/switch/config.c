@@ -91,8 +91,11 @@ static void at_exit(void)
 	sdp_proc_write_stats(getenv("SDP_STATS_DIR"));
 }
 
+pid_t sdp_pid;
+
 static void atfork_child(void)
 {
+	sdp_pid = getpid();
 	sdp_pool_atfork_child();
 	fd_atfork_child();
 }
@@ -104,6 +107,7 @@ static void do_init(void)
 #undef X
 	/* From here on wrappers called by our own start-up (the policy file
 	 * is read with read()) pass straight through. */
+	sdp_pid = getpid();
 	sdp_inited = 1;
 	const char *l = getenv("SDP_LOG");
 	sdp_log_level = l ? atoi(l) : 0;

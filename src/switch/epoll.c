@@ -215,6 +215,15 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e)
 	if (e->disabled)
 		return 0;
 	struct sdp_conn *c = e->c;
+	if (sdp_fallback_pending(c)) {
+		/* Left SDP: give the kernel the application's registration. */
+		if (fd_kind(e->fd) == FDK_SDP)
+			fd_fallback(e->fd, c);
+		struct epoll_event kev = { .events = e->events, .data = e->data };
+		real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
+		e->c = NULL;
+		return 0;
+	}
 	if (e->connecting) {
 		if (atomic_load(&c->state) == SDP_ST_CONNECTING) {
 			if (!sdp_fd_conn(e->fd)) {

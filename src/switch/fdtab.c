@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -133,12 +134,17 @@ void fd_forget(int fd)
 	if (!e)
 		return;
 	uint8_t k = atomic_exchange(&e->kind, FDK_NONE);
+	if (k == FDK_SDP && e->c && atomic_load(&e->c->fb_done))
+		k = FDK_TCP;                  /* left SDP: the kernel closes it */
 	if (k == FDK_TCP && e->c) {
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
-		if (atomic_fetch_sub(&holds[c->idx], 1) == 1 &&
-		    atomic_fetch_sub(&c->nproc, 1) == 1)
-			sdp_conn_free(c);
+		if (atomic_fetch_sub(&holds[c->idx], 1) == 1) {
+			if (c->ep.base)           /* fell back from SDP */
+				munmap(c->ep.base, c->ep.len);
+			if (atomic_fetch_sub(&c->nproc, 1) == 1)
+				sdp_conn_free(c);
+		}
 	} else if (k == FDK_SDP && e->c) {
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
@@ -159,6 +165,30 @@ void fd_forget(int fd)
 		struct ep_shadow *s = e->ep;
 		e->ep = NULL;
 		epoll_shadow_free(s);
+	}
+}
+
+void fd_fallback(int fd, struct sdp_conn *c)
+{
+	sdp_fallback(c, fd);
+	int hi = atomic_load(&hiwater);
+	for (int i = 0; i < hi; i++)
+		if (atomic_load(&tab[i].kind) == FDK_SDP && tab[i].c == c)
+			atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	/* The rings stay mapped until close: this may be a vfork child that
+	 * shares our address space with its parent. */
+}
+
+void fd_before_exec(void)
+{
+	int hi = atomic_load(&hiwater);
+	for (int fd = 0; fd < hi; fd++) {
+		struct sdp_conn *c = tab[fd].c;
+		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
+			continue;
+		int fl = sys_fcntl(fd, F_GETFD, 0);
+		if (fl >= 0 && !(fl & FD_CLOEXEC))
+			fd_fallback(fd, c);   /* the new program gets plain TCP */
 	}
 }
 

@@ -43,13 +43,24 @@ static struct sdp_conn *settle(int fd, struct sdp_conn *c)
 struct sdp_conn *sdp_fd_conn(int fd)
 {
 	struct sdp_conn *c = fd_conn(fd);
-	return c ? settle(fd, c) : NULL;
+	if (!c)
+		return NULL;
+	if (__builtin_expect(sdp_fallback_pending(c), 0)) {
+		fd_fallback(fd, c);
+		return NULL;
+	}
+	return settle(fd, c);
 }
 
 static ssize_t do_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		       int n, int flags)
 {
 	ssize_t r = sdp_send(c, fd, iov, n, flags);
+	if (r == -SDP_EFALLBACK) {
+		fd_fallback(fd, c);
+		struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n };
+		return real_sendmsg(fd, &m, flags);
+	}
 	if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
 		syscall(SYS_tgkill, getpid(), (pid_t)syscall(SYS_gettid), SIGPIPE);
 	return sdp_ret(r);
@@ -58,7 +69,33 @@ static ssize_t do_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 static ssize_t do_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		       int n, int flags)
 {
-	return sdp_ret(sdp_recv(c, fd, iov, n, flags));
+	ssize_t r = sdp_recv(c, fd, iov, n, flags);
+	if (r == -SDP_EFALLBACK) {
+		fd_fallback(fd, c);
+		struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n };
+		return real_recvmsg(fd, &m, flags);
+	}
+	return sdp_ret(r);
+}
+
+/* Passing an SDP socket to another process: it leaves SDP first. */
+static void before_pass(const struct msghdr *m)
+{
+	if (!m || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
+		return;
+	for (struct cmsghdr *cm = CMSG_FIRSTHDR((struct msghdr *)m); cm;
+	     cm = CMSG_NXTHDR((struct msghdr *)m, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+			struct sdp_conn *c = fd_conn(fd);
+			if (c)
+				fd_fallback(fd, c);
+		}
+	}
 }
 
 EXPORT ssize_t read(int fd, void *buf, size_t n)
@@ -197,8 +234,11 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *m, int flags)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		if (m && m->msg_controllen)
+			before_pass(m);
 		return real_sendmsg(fd, m, flags);
+	}
 	if (!m || m->msg_iovlen > IOV_MAX) {
 		errno = m ? EMSGSIZE : EFAULT;
 		return -1;
@@ -232,8 +272,12 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned n, int flags)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		for (unsigned i = 0; i < n; i++)
+			if (v[i].msg_hdr.msg_controllen)
+				before_pass(&v[i].msg_hdr);
 		return real_sendmmsg(fd, v, n, flags);
+	}
 	unsigned i;
 	for (i = 0; i < n; i++) {
 		ssize_t r = sendmsg(fd, &v[i].msg_hdr, flags);

@@ -33,6 +33,11 @@ static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs)
 	for (nfds_t i = 0; i < n; i++) {
 		if (!cs[i])
 			continue;
+		if (sdp_fallback_pending(cs[i])) {
+			fd_fallback(fds[i].fd, cs[i]);
+			cs[i] = NULL;             /* polled by the kernel from now on */
+			continue;
+		}
 		unsigned ev = sdp_events(cs[i]) & ((unsigned)fds[i].events | ALWAYS);
 		fds[i].revents = (short)ev;
 		ready += ev != 0;

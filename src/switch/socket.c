@@ -169,7 +169,7 @@ EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 EXPORT int close(int fd)
 {
 	SDP_INIT();
-	if (fd_kind(fd) != FDK_NONE)
+	if (fd_kind(fd) != FDK_NONE && !sdp_in_vfork_child())
 		fd_forget(fd);
 	return real_close(fd);
 }
@@ -177,7 +177,7 @@ EXPORT int close(int fd)
 EXPORT int close_range(unsigned first, unsigned last, int flags)
 {
 	SDP_INIT();
-	if (!(flags & CLOSE_RANGE_CLOEXEC)) {
+	if (!(flags & CLOSE_RANGE_CLOEXEC) && !sdp_in_vfork_child()) {
 		int n = fd_table_size();
 		for (unsigned fd = first; fd <= last && (int)fd < n; fd++)
 			if (fd_kind((int)fd) != FDK_NONE)
@@ -186,9 +186,24 @@ EXPORT int close_range(unsigned first, unsigned last, int flags)
 	return real_close_range(first, last, flags);
 }
 
+/* In a vfork child our fd table is the parent's: only make sure an SDP
+ * socket that is about to get a second number (for the program to be
+ * exec'd) has left SDP. */
+static bool vfork_dup(int o)
+{
+	if (!sdp_in_vfork_child())
+		return false;
+	struct sdp_conn *c = fd_conn(o);
+	if (c)
+		fd_fallback(o, c);
+	return true;
+}
+
 EXPORT int dup(int fd)
 {
 	SDP_INIT();
+	if (vfork_dup(fd))
+		return real_dup(fd);
 	int n = real_dup(fd);
 	if (n >= 0)
 		fd_dup(fd, n);
@@ -205,6 +220,8 @@ static int dup_common(int o, int n, int r)
 EXPORT int dup2(int o, int n)
 {
 	SDP_INIT();
+	if (vfork_dup(o))
+		return real_dup2(o, n);
 	if (o != n && fd_kind(n) != FDK_NONE && sys_fcntl(o, F_GETFD, 0) >= 0)
 		fd_forget(n);                 /* dup2 closes n first */
 	return dup_common(o, n, real_dup2(o, n));
@@ -213,6 +230,8 @@ EXPORT int dup2(int o, int n)
 EXPORT int dup3(int o, int n, int flags)
 {
 	SDP_INIT();
+	if (vfork_dup(o))
+		return real_dup3(o, n, flags);
 	if (o != n && fd_kind(n) != FDK_NONE && sys_fcntl(o, F_GETFD, 0) >= 0)
 		fd_forget(n);
 	return dup_common(o, n, real_dup3(o, n, flags));
@@ -221,6 +240,8 @@ EXPORT int dup3(int o, int n, int flags)
 static int fcntl_common(int (*fn)(int, int, ...), int fd, int cmd, va_list ap)
 {
 	long arg = va_arg(ap, long);
+	if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && vfork_dup(fd))
+		return fn(fd, cmd, arg);
 	int r = fn(fd, cmd, arg);
 	if (r < 0)
 		return r;

@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "sdp/conn.h"
 #include "switch/policy.h"
@@ -64,6 +65,11 @@ void fd_set_kind(int fd, int kind);
 void fd_forget(int fd);
 void fd_dup(int oldfd, int newfd);
 void fd_atfork_child(void);
+/* The connection left SDP (sdp/fallback.c): every fd of this process that
+ * names it becomes plain TCP. */
+void fd_fallback(int fd, struct sdp_conn *c);
+void fd_before_exec(void);
+struct sdp_conn *sdp_fd_conn(int fd);   /* fd_conn + connect/fallback upkeep */
 int  fd_table_size(void);
 void conn_hold(struct sdp_conn *c);
 
@@ -71,6 +77,10 @@ void conn_hold(struct sdp_conn *c);
 void sdp_init(void);
 extern int sdp_inited;
 #define SDP_INIT() do { if (__builtin_expect(!sdp_inited, 0)) sdp_init(); } while (0)
+/* A vfork child shares our memory (fd table included) but not our file
+ * descriptors: there the switch only passes calls through. */
+extern pid_t sdp_pid;
+static inline bool sdp_in_vfork_child(void) { return getpid() != sdp_pid; }
 enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l);
 extern const char *sdp_prog;
 

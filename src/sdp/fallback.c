@@ -1,0 +1,160 @@
+/*
+ * fallback.c - leaving SDP for plain TCP in the middle of a connection.
+ *
+ * Needed when the socket is about to be used by a program that may not run
+ * the switch (exec) or handed to another process (SCM_RIGHTS). Either side
+ * may start; the other side follows when it next enters the library (the
+ * starter kicks it). Each side, when it leaves:
+ *   1. stops posting and consuming, and publishes (in its control block)
+ *      how far it consumed the peer's ring and that its count of wake-up
+ *      tokens written to the TCP socket is final;
+ *   2. waits until the peer has done the same;
+ *   3. re-sends on the TCP socket, in order, the payload of every message
+ *      of its own that the peer had not consumed (DisConn becomes a TCP
+ *      shutdown(SHUT_WR));
+ *   4. reads and discards exactly the peer's announced tokens.
+ * From then on each TCP byte stream holds exactly the application's bytes,
+ * in order, with nothing lost, repeated or injected, and no timeout taken.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+
+#include "sdp/conn.h"
+#include "sdp/proto.h"
+#include "sdp/sys.h"
+#include "switch/log.h"
+
+/* Write all of buf to the TCP socket, whatever its O_NONBLOCK says. */
+static int write_all(int fd, const char *buf, size_t len)
+{
+	while (len) {
+		ssize_t r = syscall(SYS_sendto, fd, buf, len, MSG_NOSIGNAL, NULL, 0);
+		if (r > 0) {
+			buf += r;
+			len -= (size_t)r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EAGAIN) {
+			struct pollfd p = { .fd = fd, .events = POLLOUT };
+			sys_poll(&p, 1, -1);
+			continue;
+		}
+		return -errno;
+	}
+	return 0;
+}
+
+static int discard_tokens(struct fab_ep *ep, int fd)
+{
+	char buf[256];
+	uint64_t due;
+	while ((due = shm_tokens_due(ep)) != 0) {
+		size_t want = due < sizeof buf ? (size_t)due : sizeof buf;
+		ssize_t r = syscall(SYS_recvfrom, fd, buf, want, MSG_DONTWAIT, NULL, NULL);
+		if (r > 0) {
+			shm_tokens_took(ep, (uint64_t)r);
+			continue;
+		}
+		if (r == 0)
+			return -EPIPE;            /* peer closed: nothing follows */
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN)
+			return -errno;
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		sys_poll(&p, 1, -1);
+	}
+	return 0;
+}
+
+static int resend_unconsumed(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	uint64_t pcons;
+	uint32_t poff;
+	shm_fb_peer_pos(ep, &pcons, &poff);
+	uint64_t end = ep->ops->tx_seq(ep);
+	if (pcons > end || end - pcons > ep->nslots)
+		return -EPROTO;
+	bool fin = false;
+	for (uint64_t seq = pcons; seq < end; seq++) {
+		const char *m = shm_tx_msg(ep, seq);
+		struct sdp_bsdh h;
+		memcpy(&h, m, sizeof h);
+		if (h.len < sizeof h || h.len > ep->slot_size)
+			return -EPROTO;
+		uint32_t skip = seq == pcons ? poff : 0;
+		if (h.mid == SDP_MID_DATA) {
+			uint32_t plen = h.len - (uint32_t)sizeof h;
+			if (skip > plen)
+				return -EPROTO;
+			int r = write_all(fd, m + sizeof h + skip, plen - skip);
+			if (r)
+				return r;
+		} else if (h.mid == SDP_MID_DISCONN) {
+			fin = true;
+		}
+	}
+	if (fin || atomic_load(&c->tx_shut))
+		sys_shutdown(fd, SHUT_WR);
+	return 0;
+}
+
+int sdp_fallback(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	if (atomic_load(&c->fb_done))
+		return 0;
+	if (sdp_lock(&c->tx_lock))
+		return -EIO;
+	if (sdp_lock(&c->rx_lock)) {
+		sdp_unlock(&c->tx_lock);
+		return -EIO;
+	}
+	int r = 0;
+	if (atomic_load(&c->fb_done))
+		goto out;
+	if (!shm_my_fb(ep)) {
+		/* Wake the peer so it follows, then freeze our side. */
+		ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
+		shm_fb_publish(ep, c->rx_off);
+	}
+	while (!shm_peer_fb(ep)) {
+		if (atomic_load(&c->peer_gone) || shm_peer_abort(ep) ||
+		    atomic_load(&c->state) == SDP_ST_RESET) {
+			r = -ECONNRESET;      /* nothing to hand over: TCP says the rest */
+			goto done;
+		}
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		if (sys_poll(&p, 1, 100) > 0) {
+			int d = ep->ops->drain(ep, fd);
+			if (d == 1)
+				atomic_store(&c->peer_gone, 1);
+			else if (d < 0)
+				atomic_store(&c->peer_gone, 2);
+		}
+	}
+	r = resend_unconsumed(c, fd);
+	if (!r)
+		r = discard_tokens(ep, fd);
+done:
+	atomic_store(&c->fb_done, 1);
+	c->transport = 0;
+	sdp_log(2, "fd %d left SDP for TCP (%d)", fd, r);
+out:
+	sdp_unlock(&c->rx_lock);
+	sdp_unlock(&c->tx_lock);
+	return r;
+}
+
+bool sdp_fallback_pending(struct sdp_conn *c)
+{
+	return atomic_load_explicit(&c->fb_done, memory_order_relaxed) ||
+	       shm_peer_fb(&c->ep) || shm_my_fb(&c->ep);
+}
