@@ -236,7 +236,7 @@ class Redis(AppExperiment):
             args = ["redis-benchmark", "-h", cfg.server_addr, "-p", str(port), "-c", "50",
                     "-n", str(n), "-d", str(p["value_size"]), "-t", "set,get", "--csv"]
             srv.begin()
-            res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=120)
+            res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=60)
             vals = {}
             for line in res.stdout.splitlines():
                 cols = [c.strip('"') for c in line.split(",")]

@@ -34,7 +34,7 @@ def perf_pair(ctx: Ctx, cfg, client_args: list[str], sessions: int | None,
               accept_close: bool = False, timeout: float | None = None):
     """Start an sdp-perf server under cfg, run one client against it and
     return (client_json, server_json, error)."""
-    timeout = timeout or (ctx.dur * 3 + 30)
+    timeout = timeout or (ctx.dur * 4 + 15)
     env = cfg.environ()
     sargv = [ctx.perf, "server", "--bind", cfg.server_addr, "--port", "0",
              "--timeout", str(int(timeout + 15))]

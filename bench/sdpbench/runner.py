@@ -8,6 +8,8 @@ import traceback
 from .core import Ctx, Experiment, Sample, fail, fmt_size
 from .stats import summarize
 
+MAX_FAIL_STREAK = 3
+
 
 def param_text(p: dict) -> str:
     parts = []
@@ -134,9 +136,23 @@ def run_all(pl: list[tuple], ctx: Ctx, progress, on_experiment_done=None) -> lis
             exp.setup(ctx)
         try:
             # warm-up: one discarded run per configuration
+            # a configuration that keeps failing (a hang costs a time-out per
+            # run) is not run again in this experiment
+            streak: dict[str, int] = {}
+
+            def attempt(c, p):
+                if streak.get(c.name, 0) >= MAX_FAIL_STREAK:
+                    return fail(f"not run: the previous {MAX_FAIL_STREAK} runs of this "
+                                f"configuration in this experiment failed")
+                s = safe_run(exp, ctx, c, p)
+                streak[c.name] = 0 if s.ok else streak.get(c.name, 0) + 1
+                return s
+
             for c in (avail if exp.warmup_for(ctx) else []):
                 progress.update(f"{exp.name}: warm-up {c.name}")
-                safe_run(exp, ctx, c, params[0])
+                s = attempt(c, params[0])
+                if not s.ok:
+                    progress.message(f"  ! {exp.name} warm-up {c.name}: {s.reason}")
                 progress.update(f"{exp.name}: warm-up {c.name}", advance=1)
             samples: dict[tuple[int, int], list[Sample]] = {}
             reps = exp.reps_for(ctx)
@@ -145,7 +161,7 @@ def run_all(pl: list[tuple], ctx: Ctx, progress, on_experiment_done=None) -> lis
                     for ci, c in enumerate(avail):   # A B C A B C ...
                         msg = f"{exp.name} {param_text(p)} rep {rep + 1}/{reps} {c.name}"
                         progress.update(msg)
-                        s = safe_run(exp, ctx, c, p)
+                        s = attempt(c, p)
                         samples.setdefault((pi, ci), []).append(s)
                         if not s.ok and rep == 0:
                             progress.message(f"  ! {exp.name} {c.name} {param_text(p)}: {s.reason}")

@@ -102,3 +102,41 @@ def test_aggregate_marks_failures_and_transport():
     row = runner.aggregate(exp, cfg, {"size": 1}, [wrong])
     assert not row["valid"] and row["reason"] == "SDP path not used"
     assert math.isclose(row["metrics"]["gbps"]["median"], 1.0)
+
+
+def test_runner_interleaves_and_stops_a_failing_config():
+    from sdpbench import runner
+    from sdpbench.configs import Config
+    from sdpbench.core import Ctx, Experiment, Metric
+    from sdpbench.progress import Progress
+
+    calls = []
+
+    class Fake(Experiment):
+        name = "fake"
+        metrics = [Metric("v", "u", "value")]
+        primary = "v"
+
+        def params(self, mode):
+            return [{"size": 1}, {"size": 2}]
+
+        def run(self, ctx, cfg, p):
+            calls.append((cfg.name, p["size"]))
+            if cfg.name == "b":
+                raise RuntimeError("hangs")
+            return Sample(ok=True, metrics={"v": float(p["size"])}, transport="tcp")
+
+    a, b = Config("a", "tcp", "A"), Config("b", "tcp", "B")
+    ctx = Ctx(root=".", bindir=".", reps=3)
+    pl = runner.plan([Fake()], [a, b], ctx)
+    rows = runner.run_all(pl, ctx, Progress(runner.count_runs(pl, ctx), enabled=False))
+    # warm-up a b, then a b a b a b for size 1 ... (interleaved)
+    assert calls[:6] == [("a", 1), ("b", 1), ("a", 1), ("b", 1), ("a", 1), ("b", 1)]
+    # b failed three times in a row (warm-up included): not run any more
+    assert sum(1 for c in calls if c[0] == "b") == runner.MAX_FAIL_STREAK
+    assert sum(1 for c in calls if c[0] == "a") == 1 + 2 * 3
+    ra = [r for r in rows if r["config"] == "a"]
+    rb = [r for r in rows if r["config"] == "b"]
+    assert all(r["valid"] for r in ra) and len(ra) == 2
+    assert all(not r["valid"] and r["reason"] for r in rb) and len(rb) == 2
+    assert ra[1]["metrics"]["v"]["median"] == 2.0
