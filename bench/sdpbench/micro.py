@@ -253,6 +253,47 @@ class PerByte(Experiment):
             s.metrics["us_per_kb"] = s.cpu_per_gb   # s/GB == us/KB
         return s
 
+    def plot(self, rows, plt):
+        """Left: bandwidth against message size per number of connections
+        (000 Figs 6-9); right: per-byte overhead (000 Fig 12)."""
+        from .plots import COLORS, MARKERS, SERIES_STYLES, size_axis
+        fig, axes = plt.subplots(1, 2, figsize=(12.8, 4.6))
+        use = [r for r in rows if r.get("available") and r.get("metrics")]
+        streams = sorted({r["params"]["streams"] for r in rows})
+        sizes = sorted({r["params"]["size"] for r in rows})
+        order = []
+        for r in rows:
+            if r["config"] not in order:
+                order.append(r["config"])
+        for ax, metric, ylabel, title in (
+                (axes[0], "gbps", "aggregate bandwidth (Gbit/s)", "Bandwidth (000 Figs 6-9)"),
+                (axes[1], "us_per_kb", "per-byte overhead (µs/KB = CPU / bandwidth)",
+                 "Per-byte overhead (000 Fig 12)")):
+            for c in order:
+                for si, n in enumerate(streams):
+                    pts = sorted((r["params"]["size"], r["metrics"][metric]["median"]) for r in use
+                                 if r["config"] == c and r["params"]["streams"] == n
+                                 and metric in r["metrics"])
+                    if pts:
+                        ax.plot([x for x, _ in pts], [y for _, y in pts], label=f"{c}, {n} conn",
+                                color=COLORS.get(c), marker=MARKERS.get(c, "o"),
+                                linestyle=SERIES_STYLES[si % 4], markersize=5)
+            size_axis(ax, sizes)
+            if metric == "us_per_kb" and use:
+                ax.set_yscale("log")
+            ax.set_xlabel("message size")
+            ax.set_ylabel(ylabel)
+            ax.set_title(title, fontsize=10)
+            ax.grid(True, alpha=0.3)
+            if use:
+                ax.legend(fontsize=7, framealpha=0.9)
+            else:
+                ax.text(0.5, 0.5, "no results", ha="center", transform=ax.transAxes)
+        fig.suptitle(f"{self.name} — reproduces {self.reproduces}; median of repetitions",
+                     fontsize=9)
+        fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+        return fig
+
 
 class HotSpot(Experiment):
     name = "hotspot"

@@ -168,6 +168,16 @@ def _cpu_bars(ax2, exp, prow, cfgs, xs_all):
     ax2.set_ylim(0, max(lim[1] * 1.6, 0.1))
 
 
+def size_axis(ax, sizes):
+    """log2 x axis with ticks at the given message sizes."""
+    if not sizes or min(sizes) <= 0:
+        return
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(FixedLocator(sizes))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(_xfmt("size"))
+
+
 def _step(xs):
     if len(xs) < 2:
         return 1.0
