@@ -2,8 +2,12 @@
 SHA-256 verified per connection and per direction.
 
 usage:
-  stress.py server PORT
-  stress.py client PORT NCONN MIN_BYTES MAX_BYTES SEED GO_FILE
+  stress.py server PORT IO
+  stress.py client PORT IO NCONN MIN_BYTES MAX_BYTES SEED GO_FILE
+
+IO is "blocking" (plain blocking sockets) or "timeout" (sockets with a
+timeout: CPython then poll()s before every send and recv, so one thread
+polls for POLLIN while another polls the same socket for POLLOUT).
 
 Per connection the client sends a header
     magic "SDPS" | conn id u32 | c2s length u64 | s2c length u64 | s2c seed u64
@@ -15,8 +19,10 @@ uniform) and read with random sizes too.
 
 The client first opens all connections and prints "connected N"; it then
 waits (up to 120 s) for GO_FILE to exist before moving any data, so the test
-can look at the open connections. It prints one JSON report at the end and
-exits 1 unless every connection verified in both directions.
+can look at the open connections. While data moves it prints
+"progress BYTES" (bytes sent + received so far) twice a second. It prints one
+JSON report at the end and exits 1 unless every connection verified in both
+directions.
 """
 import hashlib
 import json
@@ -32,6 +38,8 @@ HDR = struct.Struct("!4sIQQQ")
 MAGIC = b"SDPS"
 MAX_IO = 256 << 10
 POOL = os.urandom(4 << 20)
+TIMEOUT = None                      # set from the IO argument
+moved = [0]                         # progress counter (approximate, racy is fine)
 
 
 def io_size(rng):
@@ -63,6 +71,7 @@ def send_stream(s, length, seed):
         h.update(chunk)
         s.sendall(chunk)
         left -= n
+        moved[0] += n
     return h.digest()
 
 
@@ -80,6 +89,7 @@ def recv_stream(s, length, seed):
             raise ConnectionError(f"EOF with {left} of {length} bytes missing")
         h.update(view[:k])
         left -= k
+        moved[0] += k
     return h.digest()
 
 
@@ -88,7 +98,7 @@ def recv_stream(s, length, seed):
 def serve_conn(s, lock):
     rep = {"ok": False}
     try:
-        s.settimeout(300)
+        s.settimeout(TIMEOUT)
         magic, cid, c2s, s2c, seed = HDR.unpack(recv_exact(s, HDR.size))
         if magic != MAGIC:
             raise ValueError(f"bad magic {magic!r}")
@@ -141,7 +151,7 @@ def server(port):
 
 def client_conn(s, cid, c2s, s2c, seed, rep):
     try:
-        s.settimeout(300)
+        s.settimeout(TIMEOUT)
         s.sendall(HDR.pack(MAGIC, cid, c2s, s2c, seed))
         out = {}
 
@@ -182,6 +192,13 @@ def client(port, n, lo, hi, seed, go_file):
     while not os.path.exists(go_file) and time.monotonic() < deadline:
         time.sleep(0.02)
     t0 = time.monotonic()
+
+    def progress():
+        while True:
+            print(f"progress {moved[0]}", flush=True)
+            time.sleep(0.5)
+
+    threading.Thread(target=progress, daemon=True).start()
     reps = [{"conn": i, "c2s": c2s, "s2c": s2c, "ok": False} for i, c2s, s2c, _ in plan]
     threads = [threading.Thread(target=client_conn, args=(socks[i], i, c2s, s2c, sd, reps[i]))
                for i, c2s, s2c, sd in plan]
@@ -200,8 +217,9 @@ def client(port, n, lo, hi, seed, go_file):
 
 
 if __name__ == "__main__":
+    TIMEOUT = {"blocking": None, "timeout": 300.0}[sys.argv[3]]
     if sys.argv[1] == "server":
         server(int(sys.argv[2]))
     else:
         a = sys.argv[2:]
-        sys.exit(client(int(a[0]), int(a[1]), int(a[2]), int(a[3]), int(a[4]), a[5]))
+        sys.exit(client(int(a[0]), int(a[2]), int(a[3]), int(a[4]), int(a[5]), a[6]))
