@@ -37,6 +37,11 @@
 
 /* ---- assertions ------------------------------------------------------- */
 
+/* Where the last check started: the watchdog names it. */
+static const char *tl_last_file = "?";
+static int tl_last_line;
+#define TL_MARK() (tl_last_file = __FILE__, tl_last_line = __LINE__)
+
 static inline void tl_fail_at(const char *file, int line)
 {
 	fflush(stdout);
@@ -60,6 +65,7 @@ static inline void tl_fail_end(int err)
 /* CHECK(cond) or CHECK(cond, "fmt", ...) */
 #define CHECK(cond, ...)                                                    \
 	do {                                                                \
+		TL_MARK();                                                  \
 		if (!(cond)) {                                              \
 			int e_ = errno;                                     \
 			tl_fail_at(__FILE__, __LINE__);                     \
@@ -73,6 +79,7 @@ static inline void tl_fail_end(int err)
 /* Both sides evaluated once, compared as long long, both values printed. */
 #define CHECK_EQ(a, b)                                                      \
 	do {                                                                \
+		TL_MARK();                                                  \
 		long long a_ = (long long)(a), b_ = (long long)(b);         \
 		if (a_ != b_)                                               \
 			TL_FAIL("CHECK_EQ failed: %s == %lld, expected %s "  \
@@ -82,6 +89,7 @@ static inline void tl_fail_end(int err)
 /* A system call that must succeed: returns its value. */
 #define SYS(call)                                                           \
 	({                                                                  \
+		TL_MARK();                                                  \
 		errno = 0;                                                  \
 		__auto_type r_ = (call);                                    \
 		if (r_ == -1)                                               \
@@ -92,6 +100,7 @@ static inline void tl_fail_end(int err)
 /* A system call that must fail with exactly errno `err`. */
 #define CHECK_ERR(call, err)                                                \
 	do {                                                                \
+		TL_MARK();                                                  \
 		errno = 0;                                                  \
 		long long r_ = (long long)(call);                           \
 		int e_ = errno;                                             \
@@ -114,11 +123,12 @@ static unsigned tl_watchdog_secs;
 
 static void tl_alarm(int sig)
 {
-	char msg[160];
+	char msg[512];
 	int n = snprintf(msg, sizeof msg,
 			 "WATCHDOG: %s [pid %d] still running after %u s: "
-			 "a call hung\n", program_invocation_short_name,
-			 (int)getpid(), tl_watchdog_secs);
+			 "hung at or after %s:%d\n",
+			 program_invocation_short_name, (int)getpid(),
+			 tl_watchdog_secs, tl_last_file, tl_last_line);
 	(void)sig;
 	if (write(2, msg, (size_t)n) < 0) { /* nothing else to do */ }
 	_exit(3);
