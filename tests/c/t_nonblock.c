@@ -91,6 +91,27 @@ int main(void)
 	CHECK_EQ(recv(s, buf, sizeof buf, 0), 1);
 	sent += 1;
 
+	/* A partial write: a 16 MiB non-blocking send into an empty stream
+	 * takes only part, returns that count, and that is exactly what the
+	 * peer receives. */
+	char *huge = malloc(16u << 20);
+	CHECK(huge);
+	tl_fill(huge, 16u << 20, 0, SEED + 1);
+	ssize_t part = send(c, huge, 16u << 20, MSG_DONTWAIT);
+	CHECK(part > 0 && part < (16 << 20), "send of 16 MiB -> %zd", part);
+	CHECK_ERR(send(c, huge + part, 1, MSG_DONTWAIT), EAGAIN);
+	uint64_t got2 = 0;
+	while (got2 < (uint64_t)part) {
+		ssize_t n = recv(s, buf, sizeof buf, 0);
+		CHECK(n > 0);
+		CHECK_PAT(buf, (size_t)n, got2, SEED + 1);
+		got2 += (uint64_t)n;
+	}
+	CHECK_EQ(got2, part);
+	CHECK_ERR(recv(s, buf, 1, MSG_DONTWAIT), EAGAIN);
+	free(huge);
+	sent += (uint64_t)part;
+
 	/* EOF on a non-blocking socket is 0, not EAGAIN. */
 	SYS(fcntl(s, F_SETFL, O_NONBLOCK));
 	SYS(shutdown(c, SHUT_WR));
