@@ -309,8 +309,26 @@ def _wrk_metrics(j: dict) -> tuple[dict, dict, float]:
     m = {"rps": j["requests"] / secs if secs else None,
          "mbytes_per_s": j["bytes"] / secs / 1e6 if secs else None,
          "p50_ms": pct.get(50, 0) / 1000.0, "p99_ms": pct.get(99, 0) / 1000.0}
-    extra = {"latency_cdf_us": cdf, "errors": errors, "requests": j["requests"]}
+    extra = {"latency_cdf_us": cdf, "errors": errors, "requests": j["requests"],
+             "mean_latency_us": j.get("mean_us")}
+    # Little's law: requests in flight on average. A closed-loop generator
+    # with C connections should keep about C requests in flight; far fewer
+    # means most connections were stuck (they do not show up as errors).
+    if secs and j.get("mean_us"):
+        extra["in_flight"] = j["requests"] / secs * j["mean_us"] / 1e6
     return m, extra, secs
+
+
+def _check_wrk(s: Sample, j: dict, extra: dict, conns: int) -> Sample:
+    if extra["errors"] > 0.01 * max(j["requests"], 1) or not j["requests"]:
+        s.transport_ok = False
+        s.reason = f"wrk: {extra['errors']} errors in {j['requests']} requests"
+    elif extra.get("in_flight") is not None and extra["in_flight"] < 0.25 * conns:
+        s.transport_ok = False
+        s.reason = (f"only ~{extra['in_flight']:.0f} of {conns} connections had a request in "
+                    f"flight on average (requests/s × mean latency): the others waited, so "
+                    f"wrk's latencies do not show the real response time")
+    return s
 
 
 class Nginx(AppExperiment):
@@ -364,10 +382,7 @@ class Nginx(AppExperiment):
                 return fail(f"wrk gave no results (exit {res.rc}): " + _tail(res.stderr or res.stdout))
             m, extra, secs = _wrk_metrics(j)
             s = _app_sample(srv, res, secs, m, nbytes=j["bytes"], extra=extra)
-            if extra["errors"] > 0.01 * max(j["requests"], 1) or not j["requests"]:
-                s.transport_ok = False
-                s.reason = f"wrk: {extra['errors']} errors in {j['requests']} requests"
-            return s
+            return _check_wrk(s, j, extra, 10)
         finally:
             srv.stop()
 
@@ -433,10 +448,7 @@ class DataCenter(AppExperiment):
             m, extra, secs = _wrk_metrics(j)
             m.pop("mbytes_per_s", None)
             s = _app_sample(srv, res, secs, m, nbytes=j["bytes"], extra=extra)
-            if extra["errors"] > 0.01 * max(j["requests"], 1) or not j["requests"]:
-                s.transport_ok = False
-                s.reason = f"wrk: {extra['errors']} errors in {j['requests']} requests"
-            return s
+            return _check_wrk(s, j, extra, p["conns"])
         finally:
             srv.stop()
 
