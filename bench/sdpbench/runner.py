@@ -131,6 +131,9 @@ def count_runs(pl: list[tuple], ctx: Ctx) -> int:
 
 def run_all(pl: list[tuple], ctx: Ctx, progress, on_experiment_done=None) -> list[dict]:
     rows: list[dict] = []
+    # failures in a row per configuration over the whole run
+    gstreak: dict[str, int] = {}
+    glimit = MAX_FAIL_STREAK if ctx.mode == "tiny" else 2 * MAX_FAIL_STREAK
     for exp, avail, unavail, params in pl:
         t0 = time.monotonic()
         for c, why in unavail:
@@ -148,8 +151,12 @@ def run_all(pl: list[tuple], ctx: Ctx, progress, on_experiment_done=None) -> lis
                 if streak.get(c.name, 0) >= MAX_FAIL_STREAK:
                     return fail(f"not run: the previous {MAX_FAIL_STREAK} runs of this "
                                 f"configuration in this experiment failed")
+                if gstreak.get(c.name, 0) >= glimit:
+                    return fail(f"not run: the previous {glimit} runs of this configuration "
+                                f"failed")
                 s = safe_run(exp, ctx, c, p)
                 streak[c.name] = 0 if s.ok else streak.get(c.name, 0) + 1
+                gstreak[c.name] = 0 if s.ok else gstreak.get(c.name, 0) + 1
                 return s
 
             for c in (avail if exp.warmup_for(ctx) else []):
