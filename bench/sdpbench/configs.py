@@ -35,6 +35,12 @@ class Config:
         e = dict(os.environ)
         for k in ("SDP_ZCOPY_THRESH", "SDP_AZCOPY") + tuple(self.unset):
             e.pop(k, None)
+        if "libsdp" in e.get("LD_PRELOAD", ""):
+            # only `sdp run` decides whether a program runs over SDP
+            e["LD_PRELOAD"] = " ".join(x for x in e["LD_PRELOAD"].replace(":", " ").split()
+                                       if "libsdp" not in x)
+            if not e["LD_PRELOAD"]:
+                del e["LD_PRELOAD"]
         e.update(self.env)
         return e
 
