@@ -140,3 +140,27 @@ def test_runner_interleaves_and_stops_a_failing_config():
     assert all(r["valid"] for r in ra) and len(ra) == 2
     assert all(not r["valid"] and r["reason"] for r in rb) and len(rb) == 2
     assert ra[1]["metrics"]["v"]["median"] == 2.0
+
+
+def test_report_ratios_and_representative_point():
+    from sdpbench import micro, report
+    exps = {e.name: e for e in micro.experiments()}
+
+    def row(exp, cfg, params, **metrics):
+        return {"experiment": exp, "config": cfg, "params": params, "available": True,
+                "valid": True, "metrics": {k: {"median": v, "min": v, "max": v, "n": 1, "unit": ""}
+                                           for k, v in metrics.items()}}
+    rows = [row("stream", "tcp", {"size": 65536}, gbps=10.0),
+            row("stream", "sdp-bcopy", {"size": 65536}, gbps=30.0),
+            row("stream", "raw-cma", {"size": 65536}, gbps=60.0),
+            row("multistream", "sdp-bcopy", {"size": 65536, "streams": 4}, gbps=45.0),
+            row("latency", "raw-shm", {"size": 64}, p50_us=0.5),
+            row("latency", "tcp", {"size": 64}, p50_us=5.0)]
+    assert report.raw_limit(rows, exps["stream"], rows[1]) == (60.0, "gbps")
+    # multi-stream bandwidth is compared with raw-cma measured in `stream`
+    assert report.raw_limit(rows, exps["multistream"], rows[3]) == (60.0, "gbps")
+    assert report.raw_limit(rows, exps["latency"], rows[5]) == (0.5, "p50_us")
+    assert report.tcp_peer(rows, rows[1]) is rows[0]
+    ms = [row("multistream", "tcp", {"size": s, "streams": n}, gbps=1.0)
+          for s in (65536, 1 << 20) for n in (1, 2, 4, 8)]
+    assert report.representative(exps["multistream"], ms) == {"size": 65536, "streams": 8}
