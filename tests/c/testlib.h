@@ -281,7 +281,8 @@ static inline void tl_pair(int family, int *cli, int *srv)
 }
 
 /* Send or receive exactly len bytes (blocking socket), checked. */
-static inline void tl_send_all(int fd, const void *buf, size_t len)
+static inline void tl_send_all_(const char *cf_, int cl_, int fd,
+				const void *buf, size_t len)
 {
 	const char *p = buf;
 	while (len) {
@@ -289,13 +290,15 @@ static inline void tl_send_all(int fd, const void *buf, size_t len)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			TL_FAIL("send of %zu bytes returned %zd", len, n);
+			TL_FAIL("send of %zu bytes returned %zd (called from "
+				"%s:%d)", len, n, cf_, cl_);
 		p += n;
 		len -= (size_t)n;
 	}
 }
 
-static inline void tl_recv_all(int fd, void *buf, size_t len)
+static inline void tl_recv_all_(const char *cf_, int cl_, int fd, void *buf,
+				size_t len)
 {
 	char *p = buf;
 	size_t want = len;
@@ -304,8 +307,9 @@ static inline void tl_recv_all(int fd, void *buf, size_t len)
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			TL_FAIL("recv returned %zd after %zu of %zu bytes", n,
-				want - len, want);
+			TL_FAIL("recv returned %zd after %zu of %zu bytes "
+				"(called from %s:%d)", n, want - len, want, cf_,
+				cl_);
 		p += n;
 		len -= (size_t)n;
 	}
@@ -313,25 +317,27 @@ static inline void tl_recv_all(int fd, void *buf, size_t len)
 
 /* Send / receive-and-verify `total` pattern bytes starting at stream offset
  * off, in chunks of at most chunk bytes. */
-static inline void tl_send_pat(int fd, uint64_t off, size_t total,
-			       uint32_t seed, size_t chunk)
+static inline void tl_send_pat_(const char *cf_, int cl_, int fd,
+				uint64_t off, size_t total, uint32_t seed,
+				size_t chunk)
 {
-	static char buf[65536];
+	static __thread char buf[65536];
 	if (chunk > sizeof buf)
 		chunk = sizeof buf;
 	while (total) {
 		size_t n = total < chunk ? total : chunk;
 		tl_fill(buf, n, off, seed);
-		tl_send_all(fd, buf, n);
+		tl_send_all_(cf_, cl_, fd, buf, n);
 		off += n;
 		total -= n;
 	}
 }
 
-static inline void tl_recv_pat(int fd, uint64_t off, size_t total,
-			       uint32_t seed, size_t chunk)
+static inline void tl_recv_pat_(const char *cf_, int cl_, int fd,
+				uint64_t off, size_t total, uint32_t seed,
+				size_t chunk)
 {
-	char buf[65536];
+	static __thread char buf[65536];
 	if (chunk > sizeof buf)
 		chunk = sizeof buf;
 	while (total) {
@@ -339,13 +345,21 @@ static inline void tl_recv_pat(int fd, uint64_t off, size_t total,
 		if (n < 0 && errno == EINTR)
 			continue;
 		if (n <= 0)
-			TL_FAIL("recv returned %zd with %zu bytes to go", n,
-				total);
+			TL_FAIL("recv returned %zd with %zu bytes to go "
+				"(called from %s:%d)", n, total, cf_, cl_);
+		if (tl_verify(buf, (size_t)n, off, seed) >= 0)
+			fprintf(stderr, "in tl_recv_pat called from %s:%d\n",
+				cf_, cl_);
 		CHECK_PAT(buf, (size_t)n, off, seed);
 		off += (uint64_t)n;
 		total -= (size_t)n;
 	}
 }
+
+#define tl_send_all(...) tl_send_all_(__FILE__, __LINE__, __VA_ARGS__)
+#define tl_recv_all(...) tl_recv_all_(__FILE__, __LINE__, __VA_ARGS__)
+#define tl_send_pat(...) tl_send_pat_(__FILE__, __LINE__, __VA_ARGS__)
+#define tl_recv_pat(...) tl_recv_pat_(__FILE__, __LINE__, __VA_ARGS__)
 
 /* ---- transport expectations ------------------------------------------- */
 
