@@ -25,6 +25,19 @@ TIMEOUT = 60  # the programs' own watchdogs fire well before this
 
 PROGRAMS = sorted(p.stem for p in HERE.glob("t_*.c"))
 
+# Optional: known_sdp_failures.txt, lines "t_name  reason". A listed
+# program still runs in sdp mode; its failure is reported as xfail (with
+# the reason and the program's output) instead of failing the suite, and
+# its passing shows as a pass. Absent file: every failure fails.
+KNOWN = {}
+_known_file = HERE / "known_sdp_failures.txt"
+if _known_file.exists():
+    for _line in _known_file.read_text().splitlines():
+        _line = _line.split("#", 1)[0].strip()
+        if _line:
+            _name, _, _why = _line.partition(" ")
+            KNOWN[_name] = _why.strip() or "known SDP deviation"
+
 
 def _describe(rc):
     if rc < 0:
@@ -60,6 +73,8 @@ def _run(prog, mode):
     err = res.stderr.decode(errors="replace")
     if res.returncode == SKIP:
         pytest.skip("%s: %s" % (prog, err.strip() or "skipped"))
+    if res.returncode != 0 and mode == "sdp" and prog in KNOWN:
+        pytest.xfail("%s: %s\n%s" % (prog, KNOWN[prog], err.strip()))
     if res.returncode != 0:
         pytest.fail("%s (%s mode) failed: %s\n--- stderr ---\n%s"
                     "--- stdout ---\n%s" % (prog, mode,
