@@ -4,16 +4,20 @@ Each case moves a fixed byte count (-n); iperf3's -J report is parsed and the
 byte counts of sender and receiver are compared, and the SDP counters of both
 processes must show that the streams really went over SDP.
 
-Reverse mode (-R) is exact: the client receives and ends the test only when it
-has all -n bytes, so received == sent.
+iperf3 (3.12) does not make "received == sent" exact, even over kernel TCP:
+whichever side ends the test stops reading (or counting) as soon as TEST_END
+is exchanged on the control connection, so bytes still queued at that moment
+are sent but never counted. Unpaced forward runs over loopback TCP leave tens
+of MB uncounted; in reverse runs the sending server may write one more block
+before it sees TEST_END. So:
 
-Forward mode is not exact in iperf3 itself (3.12): the server stops reading
-its data sockets as soon as TEST_END arrives on the control connection, so
-whatever is still queued is sent but never counted (tens of MB over plain
-loopback TCP when the sender runs flat out). The forward cases therefore pace
-the sender (-b) well below what the receiver can drain, which leaves only the
-final block of each stream at risk; the check allows exactly that and nothing
-more, and requires received == sent per stream otherwise.
+* forward (client sends): the sender is paced (-b) well below what the
+  receiver drains, and per stream 0 <= sent - received <= FWD_TAIL;
+* reverse (server sends, client ends the test once it has -n bytes): the
+  client must have received at least -n bytes, and per stream
+  0 <= sent - received <= FWD_TAIL;
+* in all cases the sender wrote at least -n bytes and at most one block per
+  stream more.
 """
 
 import json
@@ -22,10 +26,11 @@ import pytest
 
 NBYTES = 64 * 1024 * 1024
 BLKSIZE = 128 * 1024
+FWD_TAIL = 4 * BLKSIZE
 
 CASES = {
-    "1-stream": dict(args=["-b", "600M"], streams=1, reverse=False),
-    "4-streams": dict(args=["-P", "4", "-b", "150M"], streams=4, reverse=False),
+    "1-stream": dict(args=["-b", "400M"], streams=1, reverse=False),
+    "4-streams": dict(args=["-P", "4", "-b", "100M"], streams=4, reverse=False),
     "reverse": dict(args=["-R"], streams=1, reverse=True),
     "4-streams-reverse": dict(args=["-R", "-P", "4"], streams=4, reverse=True),
 }
@@ -62,21 +67,20 @@ def test_iperf3(case, sdp, procs, kit, tmp_path):
     sent = end["sum_sent"]["bytes"]
     received = end["sum_received"]["bytes"]
     assert sent > 0
-    assert sent == NBYTES, f"iperf3 sent {sent} bytes, asked for -n {NBYTES}"
+    # -n is a lower bound: with several streams the last round of writes may overshoot
+    assert NBYTES <= sent <= NBYTES + c["streams"] * BLKSIZE, \
+        f"iperf3 sent {sent} bytes, asked for -n {NBYTES}"
     assert len(end["streams"]) == c["streams"]
     assert sum(s["sender"]["bytes"] for s in end["streams"]) == sent
     assert sum(s["receiver"]["bytes"] for s in end["streams"]) == received
     for s in end["streams"]:
         snd, rcv = s["sender"]["bytes"], s["receiver"]["bytes"]
-        assert snd > 0, s
-        if c["reverse"]:
-            assert rcv == snd, f"stream {s['sender'].get('socket')}: received {rcv} of {snd}"
-        else:
-            assert snd - rcv in (0, BLKSIZE), \
-                f"stream {s['sender'].get('socket')}: received {rcv} of {snd} " \
-                f"(only the final {BLKSIZE}-byte block may be left uncounted)"
+        assert snd > 0 and rcv > 0, s
+        assert 0 <= snd - rcv <= FWD_TAIL, \
+            f"stream {s['sender'].get('socket')}: received {rcv} of {snd} " \
+            f"(at most the last {FWD_TAIL} bytes may be left uncounted)"
     if c["reverse"]:
-        assert received == sent, f"iperf3 receiver got {received} bytes of {sent} sent"
+        assert received >= NBYTES, f"iperf3 client received {received} bytes of -n {NBYTES}"
 
     if not sdp.enabled:
         return
@@ -84,9 +88,16 @@ def test_iperf3(case, sdp, procs, kit, tmp_path):
     cl = sdp.client_stats(stats_dir, "iperf3")
     assert cl["sdp_conns"] >= nconns, f"iperf3 client: {cl}"
     assert cl["tcp_conns"] == 0, f"iperf3 client fell back to TCP: {cl}"
-    data_dir, other = ("rx_bytes", "tx_bytes") if c["reverse"] else ("tx_bytes", "rx_bytes")
-    kit.assert_bytes_between(f"iperf3 client SDP {data_dir}", cl[data_dir], sent, kit.slack(sent))
-    kit.assert_bytes_between(f"iperf3 client SDP {other}", cl[other], 1)
+    # the writer's SDP layer carried at least what iperf3 wrote, the reader's at
+    # least what iperf3 read (the data plus the small control exchange)
+    if c["reverse"]:
+        kit.assert_bytes_between("iperf3 client SDP rx_bytes", cl["rx_bytes"], received,
+                                 kit.slack(sent))
+        kit.assert_bytes_between("iperf3 client SDP tx_bytes", cl["tx_bytes"], 1, 1 << 20)
+    else:
+        kit.assert_bytes_between("iperf3 client SDP tx_bytes", cl["tx_bytes"], sent,
+                                 kit.slack(sent))
+        kit.assert_bytes_between("iperf3 client SDP rx_bytes", cl["rx_bytes"], 1, 1 << 20)
 
     after = sdp.server_stats(server)
     d = kit.delta(after, before)
