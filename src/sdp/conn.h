@@ -58,6 +58,8 @@ struct sdp_conn {
 	_Atomic uint32_t state;        /* enum sdp_state */
 	_Atomic uint32_t nproc;        /* processes holding an fd to it */
 	_Atomic uint32_t nwaiters;     /* threads blocked in send/recv */
+	_Atomic uint32_t watcher;      /* 1: a waiter sleeps on the TCP fd */
+	_Atomic uint32_t wake_gen;     /* futex: bumped after every wake-up */
 	_Atomic uint32_t nonblock;     /* O_NONBLOCK of the open file (TCP: f_flags) */
 	_Atomic int64_t  sndtimeo_us;  /* SO_SNDTIMEO, 0 = none */
 	_Atomic uint32_t spin_us;      /* busy-poll before blocking */
@@ -93,6 +95,16 @@ void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
 int  sdp_lock(pthread_mutex_t *m);
 void sdp_unlock(pthread_mutex_t *m);
 
+/* Wake-up tokens on a connection's TCP socket are consumed only by its
+ * watcher: the one sleeper (library wait, poll or epoll, any thread or
+ * forked process) that holds c->watcher. Other library waiters sleep on the
+ * wake_gen futex, which every drain bumps. Other poll/epoll sleepers leave
+ * tokens alone and sleep in slices of this many milliseconds, re-checking:
+ * the kernel cannot wake them through our futex. A single sleeper (the
+ * usual case) is the watcher and sleeps unbounded: an idle connection
+ * costs no CPU. */
+#define SDP_SHARED_SLICE_MS 10
+
 /* ---- tx.c / rx.c (Buffer Copy data path) ---------------------------------- */
 ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags);
@@ -107,6 +119,8 @@ void    sdp_arm(struct sdp_conn *c, unsigned events);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
+bool    sdp_watch(struct sdp_conn *c);     /* become the watcher, or false */
+void    sdp_unwatch(struct sdp_conn *c);
 /* Common wait used by tx and rx: spin, arm, sleep. */
 int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
 		 pthread_mutex_t *held);

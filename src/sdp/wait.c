@@ -14,6 +14,8 @@
  * in poll() slices instead and re-check.
  */
 #include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <poll.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -47,12 +49,20 @@ static void note_wakeup_result(struct sdp_conn *c, int r)
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
 			 bool use_rcvtimeo);
 
+static void wake_others(struct sdp_conn *c)
+{
+	atomic_fetch_add(&c->wake_gen, 1);
+	if (atomic_load(&c->nwaiters) > 0)
+		syscall(SYS_futex, &c->wake_gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
 	int r = c->ep.ops->drain(&c->ep, fd);
 	if (r)
 		c->st.doorbells_rx++;
 	note_wakeup_result(c, r);
+	wake_others(c);
 }
 
 static int64_t remaining_ms(uint64_t deadline)
@@ -77,6 +87,74 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
 	return ret ? ret : r;
 }
 
+/* The watcher's sleep on the TCP socket (only the watcher consumes
+ * tokens, so it may sleep unbounded). 0 = woke (re-check), else -errno. */
+static int sleep_on_fd(struct sdp_conn *c, int fd, bool use_rcvtimeo,
+		       uint64_t deadline)
+{
+	if (use_rcvtimeo) {
+		/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN.
+		 * Peek: only announced tokens may be consumed (drain). */
+		unsigned char b;
+		long r = syscall(SYS_recvfrom, fd, &b, 1, MSG_PEEK, NULL, NULL);
+		if (r > 0) {
+			sdp_on_wakeup(c, fd);
+			return 0;
+		}
+		if (r == 0) {
+			note_wakeup_result(c, 1);
+			return 0;
+		}
+		if (errno == EAGAIN || errno == EINTR)
+			return -errno;
+		note_wakeup_result(c, -errno);
+		return 0;
+	}
+	int64_t ms = remaining_ms(deadline);
+	if (ms == 0)
+		return -EAGAIN;
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	int r = sys_poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms));
+	if (r < 0 && errno == EINTR)
+		return -EINTR;
+	if (r > 0)
+		sdp_on_wakeup(c, fd);
+	return 0;
+}
+
+bool sdp_watch(struct sdp_conn *c)
+{
+	uint32_t z = 0;
+	return atomic_compare_exchange_strong(&c->watcher, &z, 1);
+}
+
+void sdp_unwatch(struct sdp_conn *c)
+{
+	atomic_store(&c->watcher, 0);
+	wake_others(c);
+}
+
+/* A waiter while another thread watches the fd: sleep on wake_gen. */
+static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline)
+{
+	struct timespec ts, *tp = NULL;
+	if (deadline) {
+		uint64_t now = sdp_now_ns();
+		if (now >= deadline)
+			return -EAGAIN;
+		uint64_t left = deadline - now;
+		ts.tv_sec = (time_t)(left / 1000000000);
+		ts.tv_nsec = (long)(left % 1000000000);
+		tp = &ts;
+	}
+	long r = syscall(SYS_futex, &c->wake_gen, FUTEX_WAIT, gen, tp, NULL, 0);
+	if (r < 0 && errno == EINTR)
+		return -EINTR;
+	if (r < 0 && errno == ETIMEDOUT)
+		return -EAGAIN;
+	return 0;
+}
+
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
 {
 	struct fab_ep *ep = &c->ep;
@@ -92,63 +170,41 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcv
 		}
 	}
 
+	/* Deadline: SO_SNDTIMEO for sends (tracked), SO_RCVTIMEO for receives
+	 * (the kernel applies it to the watcher; futex sleepers read it). */
 	uint64_t deadline = 0;
 	if (!use_rcvtimeo) {
 		int64_t to = atomic_load(&c->sndtimeo_us);
 		if (to > 0)
 			deadline = sdp_now_ns() + (uint64_t)to * 1000;
+	} else {
+		struct timeval tv;
+		socklen_t l = sizeof tv;
+		if (sys_getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &l) == 0 &&
+		    (tv.tv_sec || tv.tv_usec))
+			deadline = sdp_now_ns() + (uint64_t)tv.tv_sec * 1000000000ull +
+				   (uint64_t)tv.tv_usec * 1000;
 	}
 	int ret = 0;
 	atomic_fetch_add(&c->nwaiters, 1);
 	for (;;) {
+		uint32_t gen = atomic_load(&c->wake_gen);
 		ep->ops->arm(ep, what);
 		if (cond_met(c, what))
 			break;
-		bool alone = atomic_load(&c->nwaiters) == 1;
-		if (alone && use_rcvtimeo) {
-			/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN.
-			 * Peek: only announced tokens may be consumed. */
-			unsigned char b;
-			long r = syscall(SYS_recvfrom, fd, &b, 1, MSG_PEEK, NULL, NULL);
-			if (r > 0) {
-				sdp_on_wakeup(c, fd);
-				if (!shm_tokens_due(ep) && !cond_met(c, what)) {
-					/* A byte that is not a token: the peer
-					 * left SDP; let the caller see it. */
-					if (shm_peer_fb(ep))
-						break;
-				}
-				continue;
-			}
-			if (r == 0) {
-				note_wakeup_result(c, 1);
-				break;
-			}
-			if (errno == EAGAIN || errno == EINTR) {
-				ret = -errno;
-				break;
-			}
-			note_wakeup_result(c, -errno);
-			break;
+		if (sdp_watch(c)) {
+			ret = sleep_on_fd(c, fd, use_rcvtimeo, deadline);
+			sdp_unwatch(c);       /* let another waiter watch */
+		} else {
+			ret = sleep_on_futex(c, gen, deadline);
 		}
-		int64_t ms = remaining_ms(deadline);
-		if (ms == 0) {
-			ret = -EAGAIN;
+		if (ret)
 			break;
-		}
-		if (!alone && (ms < 0 || ms > 20))
-			ms = 20;                  /* another waiter may eat our token */
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int r = sys_poll(&p, 1, (int)ms);
-		if (r < 0 && errno == EINTR) {
-			ret = -EINTR;
-			break;
-		}
-		if (r > 0)
-			sdp_on_wakeup(c, fd);
 	}
-	ep->ops->disarm(ep, what);
-	atomic_fetch_sub(&c->nwaiters, 1);
+	/* Another thread may still wait for the same event: only the last
+	 * waiter withdraws the request (a stale one costs one token). */
+	if (atomic_fetch_sub(&c->nwaiters, 1) == 1)
+		ep->ops->disarm(ep, what);
 	return ret;
 }
 

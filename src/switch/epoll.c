@@ -29,6 +29,7 @@ struct ep_ent {
 	epoll_data_t data;
 	bool disabled;                /* one-shot fired */
 	bool connecting;              /* kernel registration includes EPOLLOUT */
+	bool watching;                /* we are its watcher during this sleep */
 	uint64_t last_arrived, last_acked;
 	uint32_t last_ev;
 };
@@ -288,12 +289,37 @@ static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
 	return n;
 }
 
-static void arm_all(struct ep_shadow *s)
+/* Before sleeping: arm every member and try to become its watcher (the
+ * only sleeper that consumes its tokens). Returns true if some member is
+ * watched by another sleeper (then our sleep is cut into slices). */
+static bool arm_all(struct ep_shadow *s)
+{
+	bool shared = false;
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->n; i++) {
+		struct ep_ent *e = &s->v[i];
+		e->watching = false;
+		if (!e->c)
+			continue;
+		if (!e->disabled)
+			sdp_arm(e->c, e->events);
+		e->watching = sdp_watch(e->c);
+		if (!e->watching)
+			shared = true;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return shared;
+}
+
+static void unwatch_all(struct ep_shadow *s)
 {
 	pthread_mutex_lock(&s->lock);
-	for (int i = 0; i < s->n; i++)
-		if (s->v[i].c && !s->v[i].disabled)
-			sdp_arm(s->v[i].c, s->v[i].events);
+	for (int i = 0; i < s->n; i++) {
+		struct ep_ent *e = &s->v[i];
+		if (e->watching && e->c)
+			sdp_unwatch(e->c);
+		e->watching = false;
+	}
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -307,7 +333,7 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 			int fd = (int)(uint32_t)ev[i].data.u64;
 			pthread_mutex_lock(&s->lock);
 			int j = find(s, fd);
-			struct sdp_conn *c = j >= 0 ? s->v[j].c : NULL;
+			struct sdp_conn *c = j >= 0 && s->v[j].watching ? s->v[j].c : NULL;
 			pthread_mutex_unlock(&s->lock);
 			if (c)
 				sdp_on_wakeup(c, fd);
@@ -355,9 +381,12 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			}
 			spun = true;
 		}
+		bool shared = false;
 		if (!n) {
-			arm_all(s);
+			shared = arm_all(s);
 			n = scan(s, ev, max);
+			if (n)
+				unwatch_all(s);
 		}
 		if (n) {
 			/* Also collect what the kernel has, without waiting. */
@@ -371,9 +400,14 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			return n;
 		}
 		struct timespec ts, *tp = NULL;
+		uint64_t left = UINT64_MAX;
 		if (deadline) {
 			uint64_t now = sdp_now_ns();
-			uint64_t left = now < deadline ? deadline - now : 0;
+			left = now < deadline ? deadline - now : 0;
+		}
+		if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
+			left = SDP_SHARED_SLICE_MS * 1000000ull;
+		if (left != UINT64_MAX) {
 			ts.tv_sec = (time_t)(left / 1000000000);
 			ts.tv_nsec = (long)(left % 1000000000);
 			tp = &ts;
@@ -385,9 +419,12 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			r = real_epoll_pwait(epfd, ev, max,
 					     tp ? (int)((tp->tv_sec * 1000000000 + tp->tv_nsec + 999999) / 1000000) : -1,
 					     mask);
-		if (r < 0)
+		if (r < 0) {
+			unwatch_all(s);
 			return r;
+		}
 		n = filter(s, ev, r);
+		unwatch_all(s);
 		if (n < max)
 			n += scan(s, ev + n, max - n);
 		if (n || (deadline && sdp_now_ns() >= deadline) || timeout_ns == 0)

@@ -71,13 +71,16 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 {
 	struct sdp_conn *cs_stack[64], **cs = cs_stack;
 	struct pollfd tmp_stack[64], *tmp = tmp_stack;
+	bool watch_stack[64], *watch = watch_stack;
 	int nsdp = 0;
 	if (n > 64) {
 		cs = calloc(n, sizeof *cs);
 		tmp = calloc(n, sizeof *tmp);
-		if (!cs || !tmp) {
+		watch = calloc(n, sizeof *watch);
+		if (!cs || !tmp || !watch) {
 			free(cs);
 			free(tmp);
+			free(watch);
 			errno = ENOMEM;
 			return -1;
 		}
@@ -136,24 +139,39 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			if (cs[i])
 				tmp[i].events = POLLIN;
 		}
+		bool shared = false;
+		for (nfds_t i = 0; i < n; i++) {
+			watch[i] = cs[i] && sdp_watch(cs[i]);
+			if (cs[i] && !watch[i])
+				shared = true;    /* someone else consumes its tokens */
+		}
 		struct timespec ts, *tp = NULL;
+		uint64_t left = UINT64_MAX;
 		if (deadline) {
 			uint64_t now = sdp_now_ns();
-			uint64_t left = now < deadline ? deadline - now : 0;
+			left = now < deadline ? deadline - now : 0;
+		}
+		if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
+			left = SDP_SHARED_SLICE_MS * 1000000ull;
+		if (left != UINT64_MAX) {
 			ts.tv_sec = (time_t)(left / 1000000000);
 			ts.tv_nsec = (long)(left % 1000000000);
 			tp = &ts;
 		}
 		r = real_ppoll(tmp, n, tp, mask);
+		for (nfds_t i = 0; i < n; i++) {
+			if (!watch[i])
+				continue;
+			if (r > 0 && tmp[i].revents)
+				sdp_on_wakeup(cs[i], fds[i].fd);
+			sdp_unwatch(cs[i]);
+		}
 		if (r < 0)
 			goto out;
 		int ready = 0;
 		for (nfds_t i = 0; i < n; i++) {
-			if (cs[i]) {
-				if (tmp[i].revents)
-					sdp_on_wakeup(cs[i], fds[i].fd);
+			if (cs[i])
 				continue;
-			}
 			fds[i].revents = tmp[i].revents;
 			ready += tmp[i].revents != 0;
 		}
@@ -169,6 +187,7 @@ out:
 	if (cs != cs_stack) {
 		free(cs);
 		free(tmp);
+		free(watch);
 	}
 	return r;
 }
