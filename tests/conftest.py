@@ -479,7 +479,8 @@ class SdpEnv:
         objs = self.read_stats_dir(d)
         files = sorted(p.name for p in Path(d).glob("*"))
         if comm is not None:
-            objs = [o for o in objs if str(o.get("comm", "")) == comm[:15]]
+            # the kernel's comm is cut to 15 characters; compare that much
+            objs = [o for o in objs if str(o.get("comm", ""))[:15] == comm[:15]]
         if not objs:
             pytest.fail(f"no SDP_STATS_DIR file{' for ' + comm if comm else ''} in {d} "
                         f"(present: {files}); the client did not report its SDP counters",
