@@ -30,7 +30,7 @@ def test_asyncio_echo_1000_clients(sdp, procs, kit):
     stats_dir = sdp.new_stats_dir("echo-client")
     res = kit.run_cmd(sdp.wrap([sys.executable, kit.HELPERS / "echo_client.py", port, NCONN,
                                 seed, MIN_BYTES, MAX_BYTES]),
-                      timeout=180, env=sdp.env(stats_dir), check=False)
+                      timeout=90, env=sdp.env(stats_dir), check=False)
     try:
         rep = json.loads(res.stdout)
     except ValueError:

@@ -51,7 +51,7 @@ def test_iperf3(case, sdp, procs, kit, tmp_path):
     res = kit.run_cmd(sdp.wrap(["iperf3", "-c", "127.0.0.1", "-p", port, "-n", NBYTES,
                                 "-l", BLKSIZE, "-J", "--connect-timeout", "10000",
                                 *c["args"]]),
-                      timeout=120, env=sdp.env(stats_dir), check=False)
+                      timeout=60, env=sdp.env(stats_dir), check=False)
     try:
         report = json.loads(res.stdout)
     except ValueError:

@@ -63,7 +63,7 @@ def test_memcached_text_protocol(memcached, sdp, kit):
     stats_dir = sdp.new_stats_dir("mc-client")
     res = kit.run_cmd(sdp.wrap([sys.executable, kit.HELPERS / "mc_client.py", memcached.port,
                                 seed, *SIZES]),
-                      timeout=120, env=sdp.env(stats_dir))
+                      timeout=60, env=sdp.env(stats_dir))
     report = json.loads(res.stdout)
     for i, n in enumerate(SIZES):
         key = f"sdp:{seed}:{i}"
@@ -117,7 +117,7 @@ def test_memcached_libmemcached_tools(memcached, sdp, kit, tmp_path):
     for test in ("set", "get"):
         res = kit.run_cmd(sdp.wrap(["memcslap", servers, f"--concurrency={conc}",
                                     f"--execute-number={n}", f"--test={test}"]),
-                          timeout=120, env=sdp.env(stats_dir))
+                          timeout=60, env=sdp.env(stats_dir))
         assert "error" not in (res.stdout + res.stderr).lower(), res.describe()
         assert f"{conc * n} keys by" in res.stdout, res.describe()
     st1 = _mc_stats(port)

@@ -79,7 +79,7 @@ def test_mixed_fallback(sdp_side, order, sdp, procs, kit):
     stats_dir = sdp.new_stats_dir("mixed-client")
     res = kit.run_cmd(sdp.wrap([sys.executable, kit.HELPERS / "mixed_client.py", port, order,
                                 NCONN, seed], sdp=sdp_side == "client"),
-                      timeout=180, env=sdp.env(stats_dir), check=False)
+                      timeout=90, env=sdp.env(stats_dir), check=False)
     try:
         rep = json.loads(res.stdout)
     except ValueError:

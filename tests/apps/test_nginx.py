@@ -142,10 +142,10 @@ def test_nginx_curl_download(name, sendfile, nginx_server, www, sdp, kit, tmp_pa
         before = sdp.server_stats(srv.proc)
     stats_dir = sdp.new_stats_dir("curl")
     out = tmp_path / "download.bin"
-    res = kit.run_cmd(sdp.wrap(["curl", "-sS", "--fail", "--max-time", "60", "-o", out,
+    res = kit.run_cmd(sdp.wrap(["curl", "-sS", "--fail", "--max-time", "45", "-o", out,
                                 "-w", "%{http_code} %{size_download}",
                                 f"http://127.0.0.1:{srv.port}/{name}.bin"]),
-                      timeout=90, env=sdp.env(stats_dir))
+                      timeout=60, env=sdp.env(stats_dir))
     assert res.stdout.split() == ["200", str(size)], res.describe()
     data = out.read_bytes()
     assert len(data) == size, f"downloaded {len(data)} bytes of {size}"
@@ -189,7 +189,7 @@ def test_nginx_wrk(nginx_server, sdp, kit):
     res = kit.run_cmd(sdp.wrap(["wrk", "-t", WRK_THREADS, "-c", WRK_CONNS,
                                 "-d", f"{WRK_SECONDS}s", "--timeout", "10s",
                                 f"http://127.0.0.1:{srv.port}{uri}"]),
-                      timeout=WRK_SECONDS + 60, env=sdp.env(stats_dir))
+                      timeout=WRK_SECONDS + 30, env=sdp.env(stats_dir))
     s = _wrk_summary(res.stdout)
     assert s["requests"] and s["requests"] > 0, f"wrk summary does not parse\n{res.describe()}"
     assert s["rps"] and s["rps"] > 0, res.describe()

@@ -63,7 +63,7 @@ def test_redis_benchmark(redis, sdp, kit):
     res = kit.run_cmd(sdp.wrap(["redis-benchmark", "-h", "127.0.0.1", "-p", port,
                                 "-t", "set,get", "-c", BENCH_CLIENTS, "-n", BENCH_REQUESTS,
                                 "--csv"]),
-                      timeout=180, env=sdp.env(stats_dir))
+                      timeout=90, env=sdp.env(stats_dir))
     assert not re.search(r"error|could not|refused|reset", res.stderr + res.stdout, re.I), \
         res.describe()
     rows = list(csv.reader(io.StringIO(res.stdout)))
@@ -113,17 +113,17 @@ def test_redis_10mib_value(redis, sdp, kit, tmp_path):
     # python RESP client: SET big1, GET it back
     out1 = tmp_path / "py-get-big1.bin"
     kit.run_cmd(sdp.wrap([sys.executable, helper, port, f"set:big1:{f1}", f"get:big1:{out1}"]),
-                timeout=120, env=sdp.env(py_stats))
+                timeout=60, env=sdp.env(py_stats))
     assert _sha(out1.read_bytes()) == _sha(v1), "GET big1 (python) differs from what was SET"
 
     # redis-cli: SET big2 from stdin (-x), then GET both values raw
     res = kit.run_cmd(sdp.wrap(["redis-cli", "-h", "127.0.0.1", "-p", port, "-x", "SET", "big2"]),
-                      timeout=120, env=sdp.env(cli_stats), input=v2)
+                      timeout=60, env=sdp.env(cli_stats), input=v2)
     assert res.stdout.strip() == "OK", res.describe()
     for key, want in (("big2", v2), ("big1", v1)):
         out = tmp_path / f"cli-get-{key}.bin"
         kit.run_cmd(sdp.wrap(["redis-cli", "-h", "127.0.0.1", "-p", port, "--raw", "GET", key]),
-                    timeout=120, env=sdp.env(cli_stats), stdout_path=out)
+                    timeout=60, env=sdp.env(cli_stats), stdout_path=out)
         got = out.read_bytes()
         assert got.endswith(b"\n"), f"redis-cli --raw GET {key}: no trailing newline"
         got = got[:-1]
@@ -134,7 +134,7 @@ def test_redis_10mib_value(redis, sdp, kit, tmp_path):
     out2 = tmp_path / "py-get-big2.bin"
     res = kit.run_cmd(sdp.wrap([sys.executable, helper, port, f"get:big2:{out2}",
                                 "strlen:big1", "strlen:big2"]),
-                      timeout=120, env=sdp.env(py_stats))
+                      timeout=60, env=sdp.env(py_stats))
     assert _sha(out2.read_bytes()) == _sha(v2), "GET big2 (python) differs from what was SET"
     lens = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
     assert [o["len"] for o in lens if o["op"] == "strlen"] == [BIG, BIG], lens

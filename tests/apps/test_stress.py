@@ -22,7 +22,7 @@ import pytest
 NCONN = 64
 MIN_BYTES, MAX_BYTES = 2 << 20, 4 << 20
 STALL_S = 20
-TOTAL_S = 240
+TOTAL_S = 180
 
 
 def _wait_output(proc, text, timeout):
