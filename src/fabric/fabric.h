@@ -101,6 +101,12 @@ void shm_set_fin(struct fab_ep *ep);         /* our direction is finished */
 int  shm_peer_fin(struct fab_ep *ep);        /* peer direction finished, all consumed */
 void shm_set_abort(struct fab_ep *ep);
 int  shm_peer_abort(struct fab_ep *ep);
+int  shm_peer_fin_seen(struct fab_ep *ep);   /* FIN received, maybe data before it */
+void shm_set_closed(struct fab_ep *ep);      /* our socket is fully closed */
+void shm_set_rd_shut(struct fab_ep *ep);
+int  shm_peer_rd_shut(struct fab_ep *ep);
+int  shm_peer_closed(struct fab_ep *ep);
+int  shm_peer_caught_up(struct fab_ep *ep);
 
 /* Fallback to TCP (sdp/fallback.c). */
 int  shm_peer_fb(struct fab_ep *ep);

@@ -56,7 +56,8 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint32_t fb;          /* 1: this side left SDP (fallback to TCP) */
 	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
 	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
-	char pad2[8];
+	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */
+	_Atomic uint32_t rd_shut;     /* 1: shutdown(SHUT_RD): data now resets */
 };
 _Static_assert(sizeof(struct shm_side) == 192, "side block is 3 cache lines");
 
@@ -181,6 +182,17 @@ int shm_peer_fin(struct fab_ep *ep)
 }
 
 void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
+
+int shm_peer_fin_seen(struct fab_ep *ep) { return atomic_load(&peer(ep)->fin) != 0; }
+void shm_set_closed(struct fab_ep *ep) { atomic_store(&me(ep)->closed, 1); }
+void shm_set_rd_shut(struct fab_ep *ep) { atomic_store(&me(ep)->rd_shut, 1); }
+int shm_peer_rd_shut(struct fab_ep *ep) { return atomic_load(&peer(ep)->rd_shut) != 0; }
+int shm_peer_closed(struct fab_ep *ep) { return atomic_load(&peer(ep)->closed) != 0; }
+/* Has the peer consumed every message we posted? */
+int shm_peer_caught_up(struct fab_ep *ep)
+{
+	return atomic_load(&peer(ep)->cons) >= atomic_load(&me(ep)->prod);
+}
 
 int shm_peer_fb(struct fab_ep *ep) { return atomic_load(&peer(ep)->fb) != 0; }
 int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }

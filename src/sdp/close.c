@@ -42,8 +42,11 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 {
 	if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
 		return -EINVAL;
+	if (sdp_is_reset(c))
+		return -ENOTCONN;             /* TCP: the reset closed it */
 	if (how == SHUT_RD || how == SHUT_RDWR) {
 		atomic_store(&c->rx_shut, 1);
+		shm_set_rd_shut(&c->ep);
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	if (how == SHUT_WR || how == SHUT_RDWR)
@@ -81,6 +84,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 			send_fin(c, fd);
 		}
 	}
+	shm_set_closed(ep);
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
 	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT);

@@ -73,6 +73,9 @@ struct sdp_conn {
 	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
 	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
+	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
+	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
+					    * accepted, answered by RST) */
 
 	uint32_t rx_off;               /* bytes of the head Data message consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
@@ -125,6 +128,9 @@ void    sdp_unwatch(struct sdp_conn *c);
 int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
 		 pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
+bool    sdp_is_reset(struct sdp_conn *c);
+/* Report a reset once (recv/send/SO_ERROR): true the first time. */
+bool    sdp_take_reset(struct sdp_conn *c);
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
@@ -133,6 +139,8 @@ void sdp_release(struct sdp_conn *c, int fd);
 
 /* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
 int  sdp_fallback(struct sdp_conn *c, int fd);
+void sdp_fallback_publish(struct sdp_conn *c, int fd);
+bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
 #define SDP_EFALLBACK EREMCHG          /* internal: retry the call on TCP */
 
@@ -140,7 +148,7 @@ bool sdp_fallback_pending(struct sdp_conn *c);
 struct sdp_listener;
 int  sdp_listener_open(int fd, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
-void sdp_listener_atfork_child(struct sdp_listener *l);
+void sdp_listener_fork(struct sdp_listener *l, int delta);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
 struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello

@@ -106,6 +106,31 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 	return 0;
 }
 
+/* Step 1 alone: freeze our side and wake the peer. Idempotent. */
+void sdp_fallback_publish(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	if (atomic_load(&c->fb_done) || shm_my_fb(ep))
+		return;
+	if (sdp_lock(&c->tx_lock))
+		return;
+	if (sdp_lock(&c->rx_lock) == 0) {
+		if (!shm_my_fb(ep)) {
+			ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
+			shm_fb_publish(ep, c->rx_off);
+		}
+		sdp_unlock(&c->rx_lock);
+	}
+	sdp_unlock(&c->tx_lock);
+}
+
+/* Are a and b the two ends of one connection (both in this process)? */
+bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
+{
+	return a != b && a->ep.base && b->ep.base && a->ep.side != b->ep.side &&
+	       shm_token(&a->ep) == shm_token(&b->ep);
+}
+
 int sdp_fallback(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;

@@ -204,9 +204,12 @@ void sdp_listener_close(struct sdp_listener *l)
 	free(l);
 }
 
-void sdp_listener_atfork_child(struct sdp_listener *l)
+void sdp_listener_fork(struct sdp_listener *l, int delta)
 {
-	atomic_fetch_add(&l->sh->nproc, 1);
+	if (delta > 0)
+		atomic_fetch_add(&l->sh->nproc, 1);
+	else
+		atomic_fetch_sub(&l->sh->nproc, 1);
 }
 
 /* Send a hello with its memfd on a fresh connection to a rendezvous name.

@@ -72,22 +72,23 @@ static int rx_end_state(struct sdp_conn *c)
 {
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
-	int e = atomic_load(&c->so_error);
-	if (e) {
-		atomic_store(&c->so_error, 0);
+	int e = atomic_exchange(&c->so_error, 0);
+	if (e)
 		return -e;
-	}
-	if (atomic_load(&c->state) == SDP_ST_RESET || shm_peer_abort(&c->ep))
-		return -ECONNRESET;
+	if (sdp_is_reset(c))
+		return sdp_take_reset(c) ? -ECONNRESET : 0;
 	if (atomic_load(&c->rx_eof) || shm_peer_fin(&c->ep) ||
-	    atomic_load(&c->rx_shut))
-		return 0;
-	uint32_t g = atomic_load(&c->peer_gone);
-	if (g == 2)
-		return -ECONNRESET;
-	if (g == 1)
+	    atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
 		return 0;
 	return 1;
+}
+
+/* Is a Data message (not just control) waiting? */
+static bool data_pending(struct sdp_conn *c)
+{
+	struct sdp_bsdh h;
+	const char *pl;
+	return rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_DATA;
 }
 
 ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
@@ -99,13 +100,15 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	bool peek = flags & MSG_PEEK;
 	bool waitall = (flags & MSG_WAITALL) && !peek;
 	bool nonblock = (flags & MSG_DONTWAIT) || atomic_load(&c->nonblock);
+	if (flags & MSG_OOB)
+		return -EINVAL;               /* no urgent data is ever pending */
 
 	int r = sdp_lock(&c->rx_lock);
 	if (r)
 		return r;
 	size_t copied = 0;
 	r = 0;
-	while (copied < total || total == 0) {
+	while (copied < total || (total == 0 && !data_pending(c))) {
 		uint32_t idx = 0, off = c->rx_off;
 		bool progressed = false;
 		for (;;) {
@@ -115,8 +118,9 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			if (r)
 				break;
 			if (h.mid == SDP_MID_ABORT) {
-				sdp_conn_abort(c, 0);
-				r = -ECONNRESET;
+				/* Everything before it was read: now the reset. */
+				atomic_store(&c->state, SDP_ST_RESET);
+				r = -EAGAIN;
 				break;
 			}
 			if (h.mid == SDP_MID_DISCONN) {
@@ -164,7 +168,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = end;
 			break;
 		}
-		if (total == 0)
+		if (total == 0 && data_pending(c))
 			{ r = 0; break; }
 		if (nonblock) {
 			r = -EAGAIN;
@@ -207,24 +211,24 @@ unsigned sdp_events(struct sdp_conn *c)
 {
 	struct fab_ep *ep = &c->ep;
 	unsigned ev = 0;
-	uint32_t st = atomic_load_explicit(&c->state, memory_order_relaxed);
-	bool reset = st == SDP_ST_RESET || shm_peer_abort(ep) ||
-		     atomic_load(&c->peer_gone) == 2;
-	if (reset)
-		return POLLIN | POLLOUT | POLLERR | POLLHUP | POLLRDHUP;
+	if (sdp_is_reset(c))
+		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
+		       (atomic_load(&c->err_reported) ? 0 : POLLERR);
 	uint32_t pend = ep->ops->rx_pending(ep);
 	if (pend == UINT32_MAX)
 		return POLLIN | POLLERR | POLLHUP;
-	bool rd_closed = atomic_load(&c->rx_eof) || shm_peer_fin(ep) ||
-			 atomic_load(&c->peer_gone) == 1;
-	if (pend || rd_closed || atomic_load(&c->rx_shut))
+	bool fin = atomic_load(&c->rx_eof) || shm_peer_fin_seen(ep) ||
+		   atomic_load(&c->peer_gone);
+	bool rd_closed = fin || atomic_load(&c->rx_shut);
+	if (pend || rd_closed)
 		ev |= POLLIN | POLLRDNORM;
-	if (rd_closed || atomic_load(&c->rx_shut))
+	if (rd_closed)
 		ev |= POLLRDHUP;
 	if (atomic_load(&c->so_error))
 		ev |= POLLERR;
 	bool wr_closed = atomic_load(&c->tx_shut);
-	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone))
+	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone) ||
+	    shm_peer_closed(ep))
 		ev |= POLLOUT | POLLWRNORM;
 	if (wr_closed && rd_closed)
 		ev |= POLLHUP;                /* TCP: both directions shut */

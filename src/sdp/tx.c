@@ -68,21 +68,31 @@ int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *io
 	return 0;
 }
 
+/* Why a send cannot queue data now (0 = it can). 1 = the peer has closed:
+ * the bytes are accepted and dropped once, as TCP does before the RST. */
 static int tx_error(struct sdp_conn *c)
 {
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
-	int e = atomic_load(&c->so_error);
-	if (e) {
-		atomic_store(&c->so_error, 0);
+	int e = atomic_exchange(&c->so_error, 0);
+	if (e)
 		return -e;
-	}
-	if (atomic_load(&c->state) == SDP_ST_RESET || shm_peer_abort(&c->ep))
-		return -EPIPE;
+	if (sdp_is_reset(c))
+		return sdp_take_reset(c) ? -ECONNRESET : -EPIPE;
 	if (atomic_load(&c->tx_shut))
 		return -EPIPE;
-	if (atomic_load(&c->peer_gone))
-		return -EPIPE;
+	if (shm_peer_closed(&c->ep) || atomic_load(&c->peer_gone))
+		return atomic_exchange(&c->sent_after_close, 1) ? -EPIPE : 1;
+	if (shm_peer_rd_shut(&c->ep) && shm_peer_fin_seen(&c->ep)) {
+		/* The peer shut both halves: as with TCP, these bytes are taken
+		 * and the peer answers with a reset, which both ends see:
+		 * we get EPIPE if we had its FIN already, else ECONNRESET. */
+		shm_set_abort(&c->ep);
+		atomic_store(&c->state, SDP_ST_RESET);
+		if (shm_peer_fin_seen(&c->ep))
+			atomic_store(&c->err_reported, 1);
+		return 1;
+	}
 	return 0;
 }
 
@@ -99,7 +109,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	r = tx_error(c);
 	if (r) {
 		sdp_unlock(&c->tx_lock);
-		return r;
+		return r == 1 ? (ssize_t)total : r;
 	}
 	size_t payload = ep->slot_size - sizeof(struct sdp_bsdh);
 	size_t done = 0;
@@ -112,6 +122,12 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = sdp_wait(c, fd, FAB_WAIT_CREDIT, false, &c->tx_lock);
 			if (!r)
 				r = tx_error(c);
+			if (r == 1) {             /* peer gone while we waited */
+				r = done ? 0 : -EPIPE;
+				if (!done)
+					atomic_store(&c->sent_after_close, 1);
+				break;
+			}
 			if (r)
 				break;
 			continue;

@@ -36,14 +36,32 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	return ep->ops->credits(ep) != 0;
 }
 
+/* The peer's TCP socket closed (r = 1: FIN) or reset (r < 0). If the peer
+ * closed through SDP (DisConn) this is the orderly end. If not, its process
+ * died: as the kernel does, a peer that left our data unread resets. */
 static void note_wakeup_result(struct sdp_conn *c, int r)
 {
+	struct fab_ep *ep = &c->ep;
 	if (r == 1) {
 		uint32_t z = 0;
-		atomic_compare_exchange_strong(&c->peer_gone, &z, 1);
+		bool reset = !shm_peer_fin_seen(ep) && !shm_peer_caught_up(ep) &&
+			     !shm_peer_fb(ep);
+		atomic_compare_exchange_strong(&c->peer_gone, &z, reset ? 2 : 1);
 	} else if (r < 0 && r != -EAGAIN && r != -EINTR) {
 		atomic_store(&c->peer_gone, 2);
 	}
+}
+
+bool sdp_is_reset(struct sdp_conn *c)
+{
+	return atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
+	       shm_peer_abort(&c->ep) ||
+	       atomic_load_explicit(&c->peer_gone, memory_order_relaxed) == 2;
+}
+
+bool sdp_take_reset(struct sdp_conn *c)
+{
+	return sdp_is_reset(c) && !atomic_exchange(&c->err_reported, 1);
 }
 
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,

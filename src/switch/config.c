@@ -97,7 +97,6 @@ static void atfork_child(void)
 {
 	sdp_pid = getpid();
 	sdp_pool_atfork_child();
-	fd_atfork_child();
 }
 
 static void do_init(void)

@@ -170,6 +170,21 @@ void fd_forget(int fd)
 
 void fd_fallback(int fd, struct sdp_conn *c)
 {
+	if (!atomic_load(&c->fb_done) && !shm_peer_fb(&c->ep)) {
+		/* If the other end of this connection is ours too (both ends
+		 * in one process, maybe one thread), it cannot answer while
+		 * we wait: run its half here. */
+		int hi = atomic_load(&hiwater);
+		for (int i = 0; i < hi; i++) {
+			struct sdp_conn *p = tab[i].c;
+			if (i == fd || atomic_load(&tab[i].kind) != FDK_SDP || !p ||
+			    !sdp_same_conn_peer(c, p))
+				continue;
+			sdp_fallback_publish(c, fd);
+			fd_fallback(i, p);
+			break;
+		}
+	}
 	sdp_fallback(c, fd);
 	int hi = atomic_load(&hiwater);
 	for (int i = 0; i < hi; i++)
@@ -215,12 +230,13 @@ void fd_dup(int oldfd, int newfd)
 	}
 }
 
-void fd_atfork_child(void)
+/* fork(): every connection and listener this process holds gets one more
+ * holding process. Counted in the parent before the child exists, so that
+ * a parent closing its copy at once can never look like the last holder. */
+static void fork_count(int delta)
 {
 	if (!tab)
 		return;
-	/* Every connection and listener we hold is now held by one more
-	 * process: count it once per connection. */
 	static uint8_t counted[SDP_POOL_CONNS / 8];
 	memset(counted, 0, sizeof counted);
 	int hi = atomic_load(&hiwater);
@@ -232,7 +248,10 @@ void fd_atfork_child(void)
 		if (counted[c->idx / 8] & (1u << (c->idx % 8)))
 			continue;
 		counted[c->idx / 8] |= (uint8_t)(1u << (c->idx % 8));
-		atomic_fetch_add(&c->nproc, 1);
+		if (delta > 0)
+			atomic_fetch_add(&c->nproc, 1);
+		else
+			atomic_fetch_sub(&c->nproc, 1);
 	}
 	struct sdp_listener *seen[64];
 	int nseen = 0;
@@ -246,6 +265,9 @@ void fd_atfork_child(void)
 			continue;
 		if (nseen < 64)
 			seen[nseen++] = tab[fd].l;
-		sdp_listener_atfork_child(tab[fd].l);
+		sdp_listener_fork(tab[fd].l, delta);
 	}
 }
+
+void fd_fork_prepare(void) { fork_count(+1); }
+void fd_fork_failed(void) { fork_count(-1); }

@@ -1,8 +1,9 @@
 /*
  * process.c - exec: the new program may not run the switch, so every SDP
  * socket it inherits (not close-on-exec) leaves SDP for plain TCP first
- * (sdp/fallback.c), losing nothing. fork needs no wrapper: pthread_atfork
- * (config.c) counts the child's share of each connection and listener.
+ * (sdp/fallback.c), losing nothing. fork counts, before the child exists,
+ * the child's share of each connection and listener (a parent that closes
+ * its copy at once is then never taken for the last holder).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -62,6 +63,16 @@ EXPORT int execveat(int dirfd, const char *path, char *const argv[],
 	SDP_INIT();
 	fd_before_exec();
 	return ((execveat_fn)next("execveat"))(dirfd, path, argv, envp, flags);
+}
+
+EXPORT pid_t fork(void)
+{
+	SDP_INIT();
+	fd_fork_prepare();
+	pid_t pid = real_fork();
+	if (pid < 0)
+		fd_fork_failed();
+	return pid;
 }
 
 /* execl* take their arguments inline: collect them into an argv. */

@@ -64,7 +64,8 @@ void fd_set_kind(int fd, int kind);
  * the process's last fd for it (fd must still be open for FIN/drain). */
 void fd_forget(int fd);
 void fd_dup(int oldfd, int newfd);
-void fd_atfork_child(void);
+void fd_fork_prepare(void);
+void fd_fork_failed(void);
 /* The connection left SDP (sdp/fallback.c): every fd of this process that
  * names it becomes plain TCP. */
 void fd_fallback(int fd, struct sdp_conn *c);
