@@ -154,11 +154,45 @@ def has_libsdp(pid: int) -> bool:
         return False
 
 
+def listener_inodes(port: int) -> set[str]:
+    """Socket inodes of TCP sockets listening on `port` (IPv4 and IPv6)."""
+    out = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                out.add(f[9])
+    return out
+
+
+def socket_inodes(pids) -> set[str]:
+    out = set()
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(link[8:-1])
+    return out
+
+
 def wait_port(port: int, proc: "Proc | None" = None, timeout: float = 20.0,
               host: str = "127.0.0.1") -> None:
     """Poll until a TCP connect to host:port succeeds (bounded deadline).
 
-    Fails early, with the server's log, if `proc` died meanwhile."""
+    With `proc`, fails early (with its log) if it died meanwhile, and also
+    waits until the listening socket is really one of proc's, so a test never
+    talks to some other program that happens to hold the port."""
     deadline = time.monotonic() + timeout
     last = None
     delay = 0.02
@@ -168,13 +202,16 @@ def wait_port(port: int, proc: "Proc | None" = None, timeout: float = 20.0,
                         f"{host}:{port}\n{proc.log_tail()}", pytrace=False)
         try:
             with socket.create_connection((host, port), timeout=1.0):
+                pass
+            if proc is None or listener_inodes(port) & socket_inodes(proc.pids()):
                 return
+            last = f"port {port} is listened on by a process that is not {proc.name}"
         except OSError as e:
             last = e
         time.sleep(delay)
         delay = min(delay * 1.5, 0.2)
     extra = proc.log_tail() if proc is not None else ""
-    pytest.fail(f"nothing accepted on {host}:{port} within {timeout}s ({last})\n{extra}",
+    pytest.fail(f"nothing of ours accepted on {host}:{port} within {timeout}s ({last})\n{extra}",
                 pytrace=False)
 
 
