@@ -51,9 +51,11 @@ def _hold_plain_connection(sdp, kit, server, port, order):
         s.sendall(b"ping\n")
         assert helper.recv_exact(s, 5) == b"ping\n"
         local = s.getsockname()[1]
-        pids = set(server.pids())
-        conns = [c for c in sdp.stat_conns() if int(c.get("pid", -1)) in pids]
-        mine = [c for c in conns if f":{local}" in str(c.get("remote", ""))]
+        conns = mine = []
+        if sdp.enabled:
+            pids = set(server.pids())
+            conns = [c for c in sdp.stat_conns() if int(c.get("pid", -1)) in pids]
+            mine = [c for c in conns if f":{local}" in str(c.get("remote", ""))]
         s.shutdown(socket.SHUT_WR)
         while s.recv(65536):
             pass
@@ -128,9 +130,9 @@ def test_stat_lists_fallback_connection_as_tcp(order, sdp, procs, kit):
     server = procs.start(sdp.wrap([sys.executable, kit.HELPERS / "mixed_server.py", port, order]),
                          name="mixed-server", env=sdp.env())
     kit.wait_port(port, server)
+    local, conns, mine = _hold_plain_connection(sdp, kit, server, port, order)
     if not sdp.enabled:
         return
-    local, conns, mine = _hold_plain_connection(sdp, kit, server, port, order)
     assert mine, f"`sdp stat --json` does not list the open fallback connection from port " \
                  f"{local} to the SDP server (entries for the server: {conns})"
     assert all(c.get("transport") == "tcp" for c in mine), \
