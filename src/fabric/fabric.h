@@ -108,6 +108,11 @@ int  shm_peer_rd_shut(struct fab_ep *ep);
 int  shm_peer_closed(struct fab_ep *ep);
 int  shm_peer_caught_up(struct fab_ep *ep);
 
+/* Zero-copy control words of each side (layout: struct sdp_zctl). */
+struct sdp_zctl;
+struct sdp_zctl *shm_zc_me(struct fab_ep *ep);
+struct sdp_zctl *shm_zc_peer(struct fab_ep *ep);
+
 /* Fallback to TCP (sdp/fallback.c). */
 int  shm_peer_fb(struct fab_ep *ep);
 int  shm_my_fb(struct fab_ep *ep);

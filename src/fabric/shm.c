@@ -34,10 +34,11 @@
 #include <unistd.h>
 
 #include "fabric/fabric.h"
+#include "sdp/proto.h"
 #include "sdp/sys.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 1
+#define SHM_VERSION 2
 #define SHM_HDR_SIZE 4096u
 #define SHM_TOKEN_BYTE 0xDB
 
@@ -58,8 +59,9 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
 	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */
 	_Atomic uint32_t rd_shut;     /* 1: shutdown(SHUT_RD): data now resets */
+	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
 };
-_Static_assert(sizeof(struct shm_side) == 192, "side block is 3 cache lines");
+_Static_assert(sizeof(struct shm_side) == 320, "side block is 5 cache lines");
 
 struct shm_hdr {
 	uint32_t magic;
@@ -158,6 +160,9 @@ static uint64_t tokens_due(struct fab_ep *ep)
 	uint64_t got = atomic_load(&me(ep)->tokens_rcvd);
 	return sent > got ? sent - got : 0;
 }
+
+struct sdp_zctl *shm_zc_me(struct fab_ep *ep) { return &me(ep)->zc; }
+struct sdp_zctl *shm_zc_peer(struct fab_ep *ep) { return &peer(ep)->zc; }
 
 uint64_t shm_token(struct fab_ep *ep) { return H(ep)->token; }
 void shm_set_state(struct fab_ep *ep, uint32_t st) { atomic_store(&H(ep)->state, st); }

@@ -77,8 +77,20 @@ struct sdp_conn {
 	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
 					    * accepted, answered by RST) */
 
-	uint32_t rx_off;               /* bytes of the head Data message consumed */
+	uint32_t rx_off;               /* bytes of the head Data/SrcAvail consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
+
+	/* Zero copy (zcopy.c). Stream positions count application bytes. */
+	uint64_t tx_stream;            /* bytes handed to the peer (TCP: snd_nxt) */
+	uint64_t rx_stream;            /* bytes the application consumed (TCP: copied_seq) */
+	uint32_t src_id;               /* last SrcAvail id we posted */
+	uint32_t rx_src_id;            /* last SrcAvail id we received */
+	uint32_t sink_id;              /* last SinkAvail id we offered */
+	uint32_t zc_mark;              /* rd_done seen when a send went to sleep */
+	_Atomic int32_t cma;           /* Cross Memory Attach to the peer: 0 unknown,
+					* 1 works, -errno refused */
+	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
+	uint8_t  pad1[3];
 
 	pthread_mutex_t tx_lock;       /* robust, process-shared */
 	pthread_mutex_t rx_lock;
@@ -132,6 +144,15 @@ bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);
 
+/* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
+#define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */
+void    zc_attach(struct sdp_conn *c);               /* publish pid, probe addr */
+bool    zc_usable(struct sdp_conn *c, size_t len, bool nonblock);
+ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
+		size_t off, size_t len);
+void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
+const char *zc_mode_name(int mode);
+
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
@@ -161,6 +182,8 @@ void sdp_connect_done(struct sdp_conn *c, int fd, int err);
 struct sdp_tunables {
 	uint32_t spin_us;
 	uint32_t zcopy_thresh;
+	uint32_t zcopy_chunk;          /* bytes per SrcAvail in Pipelined mode */
+	uint32_t zcopy_depth;          /* SrcAvails outstanding (1 = Combined) */
 	uint32_t nslots;
 	uint32_t slot_size;
 };

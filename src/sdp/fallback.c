@@ -22,6 +22,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include "sdp/conn.h"
 #include "sdp/proto.h"
@@ -95,6 +96,17 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 			if (skip > plen)
 				return -EPROTO;
 			int r = write_all(fd, m + sizeof h + skip, plen - skip);
+			if (r)
+				return r;
+		} else if (h.mid == SDP_MID_SRC_AVAIL) {
+			/* Our advertised buffer: still valid, since only the
+			 * sending call (this process) falls back while it waits. */
+			struct sdp_srcavail sa;
+			memcpy(&sa, m + sizeof h, sizeof sa);
+			if (sa.key != (int32_t)getpid() || skip > sa.len)
+				return -EPROTO;
+			int r = write_all(fd, (const char *)(uintptr_t)sa.addr + skip,
+					  sa.len - skip);
 			if (r)
 				return r;
 		} else if (h.mid == SDP_MID_DISCONN) {

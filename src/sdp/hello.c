@@ -402,6 +402,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	c->local = la;
 	c->remote = pa;
 	shm_set_pid(&c->ep);
+	zc_attach(c);
 	shm_set_state(&c->ep, SHM_ST_ATTACHED);
 	atomic_store(&c->state, SDP_ST_ESTABLISHED);
 	return c;
@@ -498,6 +499,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	c->local = la;
 	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
 	shm_set_pid(&c->ep);
+	zc_attach(c);
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 fail:

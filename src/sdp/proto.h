@@ -9,6 +9,7 @@
 #ifndef SDP_PROTO_H
 #define SDP_PROTO_H
 
+#include <stdatomic.h>
 #include <stdint.h>
 
 /* Message ids, numbered as in the SDP specification (annex A4 of IBTA). */
@@ -92,6 +93,86 @@ struct sdp_hello {
 _Static_assert(sizeof(struct sdp_hello) == 64, "hello is 64 bytes");
 
 #define SDP_HELLO_MAGIC   0x53445048u   /* "SDPH" */
-#define SDP_PROTO_VERSION 1
+#define SDP_PROTO_VERSION 2
+
+/*
+ * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a
+ * buffer for the sink to RDMA Read (Read ZCopy).
+ *
+ *  off len field   meaning
+ *   0   4  id      advertisement number, 1, 2, ... per connection
+ *   4   4  len     bytes offered
+ *   8   8  addr    address of the buffer in the source process
+ *  16   4  key     the source process (the "rkey" of Cross Memory Attach)
+ *  20   4  flags   reserved, zero
+ */
+struct sdp_srcavail {
+	uint32_t id;
+	uint32_t len;
+	uint64_t addr;
+	int32_t  key;
+	uint32_t flags;
+};
+_Static_assert(sizeof(struct sdp_srcavail) == 24, "SrcAvail payload is 24 bytes");
+
+/*
+ * RdmaWrCompl payload, 8 bytes: the source wrote len bytes into the sink
+ * buffer of SinkAvail id (Write ZCopy); they come next in the stream.
+ */
+struct sdp_wrcompl {
+	uint32_t id;
+	uint32_t len;
+};
+_Static_assert(sizeof(struct sdp_wrcompl) == 8, "RdmaWrCompl payload is 8 bytes");
+
+/* ModeChange payload, 4 bytes: the new mode of the sender's half. */
+struct sdp_modechange {
+	uint32_t mode;                     /* enum sdp_mode */
+};
+
+/*
+ * Zero-copy control words, 128 bytes, part of each side's control block
+ * in the shared region (written only by that side, read by the peer). On
+ * this fabric they carry, as RDMA writes of a control word would, the
+ * messages that refer to advertisements rather than to a stream position:
+ *
+ *  off len field       message / meaning
+ *   0   4  rd_done     RdmaRdCompl: last SrcAvail id fully read or cancelled
+ *   4   4  cancel_id   SrcAvailCancel: SrcAvails with id >= this are revoked
+ *   8   8  rd_bytes    RdmaRdCompl: bytes read from the peer's SrcAvails, total
+ *  16   4  cancel_ack  SrcAvailCancel acknowledged: the peer's cancel_id done
+ *  20   4  sink_state  SinkAvail: 0 none, 1 offered, 2 taken (being written),
+ *                      3 withdrawn by the sink
+ *  24   4  sink_id     SinkAvail number
+ *  28   4  sink_len    bytes the buffer can take
+ *  32   8  sink_addr   buffer address in the sink process
+ *  40   8  sink_pos    stream bytes the sink had consumed when it offered
+ *  48   4  pid         our process (CMA key for SinkAvail, probe target)
+ *  52   4  adv_max     SrcAvails we accept outstanding (Pipelined depth)
+ *  56   4  mode        our send half's mode (enum sdp_mode)
+ *  60   4  reserved
+ *  64   8  probe_addr  address of this region in our process (CMA probe)
+ *  72  56  reserved
+ */
+struct sdp_zctl {
+	_Atomic uint32_t rd_done;
+	_Atomic uint32_t cancel_id;
+	_Atomic uint64_t rd_bytes;
+	_Atomic uint32_t cancel_ack;
+	_Atomic uint32_t sink_state;
+	_Atomic uint32_t sink_id;
+	uint32_t sink_len;
+	uint64_t sink_addr;
+	uint64_t sink_pos;
+	_Atomic int32_t pid;
+	uint32_t adv_max;
+	_Atomic uint32_t mode;
+	uint32_t reserved0;
+	uint64_t probe_addr;
+	char reserved[56];
+};
+_Static_assert(sizeof(struct sdp_zctl) == 128, "zero-copy control words are 128 bytes");
+
+enum { SDP_SINK_NONE = 0, SDP_SINK_OFFERED, SDP_SINK_TAKEN, SDP_SINK_WITHDRAWN };
 
 #endif

@@ -15,6 +15,9 @@
 
 #include "sdp/conn.h"
 #include "sdp/proto.h"
+#include "switch/log.h"
+#include <sys/uio.h>
+#include <unistd.h>
 
 /* Read and validate the idx-th pending message header. */
 static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
@@ -28,10 +31,27 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 		return r;
 	memcpy(h, msg, sizeof *h);
 	uint32_t want = (uint32_t)(ep->ops->rx_seq(ep) + 1 + idx);
-	if (h->len < sizeof *h || h->len > cap || h->mseq != want ||
-	    h->bufs > ep->nslots ||
-	    (h->mid != SDP_MID_DATA && h->mid != SDP_MID_DISCONN &&
-	     h->mid != SDP_MID_ABORT)) {
+	uint32_t plen = h->len - (uint32_t)sizeof *h;
+	bool ok = h->len >= sizeof *h && h->len <= cap && h->mseq == want &&
+		  h->bufs <= ep->nslots;
+	switch (h->mid) {
+	case SDP_MID_DATA:
+	case SDP_MID_DISCONN:
+	case SDP_MID_ABORT:
+		break;
+	case SDP_MID_SRC_AVAIL:
+		ok = ok && plen == sizeof(struct sdp_srcavail);
+		break;
+	case SDP_MID_RDMA_WR_COMPL:
+		ok = ok && plen == sizeof(struct sdp_wrcompl);
+		break;
+	case SDP_MID_MODE_CHANGE:
+		ok = ok && plen == sizeof(struct sdp_modechange);
+		break;
+	default:
+		ok = false;
+	}
+	if (!ok) {
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
@@ -91,6 +111,157 @@ static bool data_pending(struct sdp_conn *c)
 	return rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_DATA;
 }
 
+/* Build the local iovec for stream bytes [off, off+len) of iov. */
+static int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
+		     struct iovec *out, int max)
+{
+	int k = 0;
+	for (int i = 0; i < n && len && k < max; i++) {
+		if (off >= iov[i].iov_len) {
+			off -= iov[i].iov_len;
+			continue;
+		}
+		size_t m = iov[i].iov_len - off;
+		if (m > len)
+			m = len;
+		out[k].iov_base = (char *)iov[i].iov_base + off;
+		out[k].iov_len = m;
+		k++;
+		len -= m;
+		off = 0;
+	}
+	return k;
+}
+
+/*
+ * A SrcAvail: RDMA Read (process_vm_readv) up to room bytes of it, from
+ * offset off, into the application's buffer at stream offset copied (or,
+ * for a receive below the threshold, through a bounce buffer: 000 §2.5).
+ * Returns the bytes read (0 if cancelled or nothing fits) or -errno;
+ * *whole is set when the advertisement is finished (read or cancelled).
+ */
+static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t off,
+			   const struct iovec *iov, int iovcnt, size_t copied,
+			   size_t room, bool peek, bool bounce, bool *whole)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	struct sdp_srcavail sa;
+	memcpy(&sa, pl, sizeof sa);
+	*whole = false;
+	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
+	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr || sa.key <= 0 ||
+	    off > sa.len) {
+		sdp_log(1, "malformed SrcAvail (id %u len %u): connection aborted",
+			sa.id, sa.len);
+		sdp_conn_abort(c, ECONNRESET);
+		return -ECONNRESET;
+	}
+	uint32_t cid = atomic_load(&pz->cancel_id), clast = pz->reserved0;
+	if (cid && sa.id >= cid && sa.id <= clast) {
+		*whole = true;                /* revoked: skip it */
+		if (!peek) {
+			c->rx_src_id = sa.id;
+			atomic_store(&z->rd_done, sa.id);
+		}
+		return 0;
+	}
+	size_t n = sa.len - off;
+	if (n > room)
+		n = room;
+	if (n == 0)
+		return 0;
+	ssize_t got;
+	if (bounce) {
+		/* Below the threshold: read into our buffer, then copy. */
+		char tmp[16384];
+		size_t done = 0;
+		while (done < n) {
+			size_t k = n - done < sizeof tmp ? n - done : sizeof tmp;
+			struct iovec l = { tmp, k };
+			struct iovec r = { (void *)(uintptr_t)(sa.addr + off + done), k };
+			ssize_t g = process_vm_readv(sa.key, &l, 1, &r, 1, 0);
+			if (g != (ssize_t)k) {
+				got = -1;
+				goto failed;
+			}
+			iov_scatter(iov, iovcnt, copied + done, tmp, k);
+			done += k;
+		}
+		got = (ssize_t)n;
+	} else {
+		struct iovec lv[64];
+		int ln = iov_slice(iov, iovcnt, copied, n, lv, 64);
+		size_t cap = 0;
+		for (int i = 0; i < ln; i++)
+			cap += lv[i].iov_len;
+		n = cap < n ? cap : n;
+		struct iovec r = { (void *)(uintptr_t)(sa.addr + off), n };
+		got = process_vm_readv(sa.key, lv, (unsigned long)ln, &r, 1, 0);
+	}
+	if (got != (ssize_t)n) {
+failed:
+		sdp_log(1, "RDMA Read of SrcAvail %u failed (%s): connection aborted",
+			sa.id, got < 0 ? strerror(errno) : "short read");
+		sdp_conn_abort(c, ECONNRESET);
+		return -ECONNRESET;
+	}
+	if (!peek) {
+		atomic_fetch_add(&z->rd_bytes, n);
+		if (off + n == sa.len) {
+			*whole = true;
+			c->rx_src_id = sa.id;
+			atomic_store(&z->rd_done, sa.id);
+		}
+		c->st.rx_rzcopy_bytes += n;
+		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
+	} else if (off + n == sa.len) {
+		*whole = true;
+	}
+	return (ssize_t)n;
+}
+
+/* Offer the application's buffer as a SinkAvail (Write ZCopy). */
+static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
+		       int iovcnt, size_t copied, size_t room)
+{
+	struct fab_ep *ep = &c->ep;
+	struct iovec v;
+	if (iov_slice(iov, iovcnt, copied, room, &v, 1) != 1)
+		return false;
+	struct sdp_zctl *z = shm_zc_me(ep);
+	z->sink_addr = (uint64_t)(uintptr_t)v.iov_base;
+	z->sink_len = v.iov_len > (1u << 30) ? (1u << 30) : (uint32_t)v.iov_len;
+	z->sink_pos = c->rx_stream;
+	atomic_store(&z->pid, (int32_t)getpid());
+	atomic_store(&z->sink_id, ++c->sink_id);
+	atomic_store_explicit(&z->sink_state, SDP_SINK_OFFERED, memory_order_release);
+	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
+	return true;
+}
+
+/* Withdraw our offer; false if the source has taken it (its RdmaWrCompl
+ * is then on its way and must be read). */
+static bool sink_withdraw(struct sdp_conn *c)
+{
+	struct sdp_zctl *z = shm_zc_me(&c->ep);
+	uint32_t st = SDP_SINK_OFFERED;
+	if (atomic_compare_exchange_strong(&z->sink_state, &st, SDP_SINK_WITHDRAWN))
+		return true;
+	return st != SDP_SINK_TAKEN;
+}
+
+static void ack_cancel_locked(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	uint32_t cid = atomic_load(&pz->cancel_id);
+	if (cid && atomic_load(&z->cancel_ack) != cid) {
+		atomic_store(&z->cancel_ack, cid);
+		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
+	}
+}
+
 ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags)
 {
@@ -108,9 +279,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		return r;
 	size_t copied = 0;
 	r = 0;
+	bool offered = false;                 /* a SinkAvail of ours is out */
+	uint32_t thresh = atomic_load(&c->zcopy_thresh);
+	bool bounce = !thresh || total < thresh;
 	while (copied < total || (total == 0 && !data_pending(c))) {
+		ack_cancel_locked(c, fd);
 		uint32_t idx = 0, off = c->rx_off;
-		bool progressed = false;
 		for (;;) {
 			struct sdp_bsdh h;
 			const char *pl;
@@ -131,6 +305,83 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				r = -EAGAIN;      /* stop: EOF after what we have */
 				break;
 			}
+			if (h.mid == SDP_MID_MODE_CHANGE) {
+				struct sdp_modechange mc;
+				memcpy(&mc, pl, sizeof mc);
+				if (mc.mode > SDP_MODE_PIPELINED) {
+					sdp_conn_abort(c, ECONNRESET);
+					r = -ECONNRESET;
+					break;
+				}
+				if (peek || idx) {
+					idx++;
+				} else {
+					c->peer_mode = (uint8_t)mc.mode;
+					rx_release(c, fd);
+				}
+				off = 0;
+				continue;
+			}
+			if (h.mid == SDP_MID_RDMA_WR_COMPL) {
+				/* The source wrote into our SinkAvail buffer. */
+				struct sdp_wrcompl wc;
+				memcpy(&wc, pl, sizeof wc);
+				struct sdp_zctl *z = shm_zc_me(&c->ep);
+				if (!offered || idx || wc.id != c->sink_id ||
+				    atomic_load(&z->sink_state) != SDP_SINK_TAKEN ||
+				    wc.len > z->sink_len || copied + wc.len > total) {
+					sdp_log(1, "unexpected RdmaWrCompl: connection aborted");
+					sdp_conn_abort(c, ECONNRESET);
+					r = -ECONNRESET;
+					break;
+				}
+				atomic_store(&z->sink_state, SDP_SINK_NONE);
+				offered = false;
+				copied += wc.len;
+				c->rx_stream += wc.len;
+				c->st.rx_wzcopy_bytes += wc.len;
+				rx_release(c, fd);
+				off = 0;
+				if (copied == total)
+					break;
+				continue;
+			}
+			if (offered && !sink_withdraw(c)) {
+				/* Taken, so its RdmaWrCompl comes first: protocol
+				 * violation to see anything else here. */
+				sdp_conn_abort(c, ECONNRESET);
+				r = -ECONNRESET;
+				break;
+			}
+			offered = false;
+			if (h.mid == SDP_MID_SRC_AVAIL) {
+				bool whole;
+				ssize_t n = rx_srcavail(c, fd, pl, off, iov, iovcnt, copied,
+							total - copied, peek, bounce, &whole);
+				if (n < 0) {
+					r = (int)n;
+					break;
+				}
+				copied += (size_t)n;
+				if (!peek)
+					c->rx_stream += (uint64_t)n;
+				if (whole) {
+					if (peek) {
+						idx++;
+					} else {
+						c->rx_off = 0;
+						rx_release(c, fd);
+					}
+					off = 0;
+				} else {
+					if (!peek)
+						c->rx_off = off + (uint32_t)n;
+					off += (uint32_t)n;
+				}
+				if (copied == total)
+					break;
+				continue;
+			}
 			uint32_t plen = h.len - (uint32_t)sizeof h;
 			if (off > plen) {         /* cannot happen unless corrupted */
 				sdp_conn_abort(c, ECONNRESET);
@@ -142,21 +393,23 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				n = total - copied;
 			iov_scatter(iov, iovcnt, copied, pl + off, n);
 			copied += n;
-			progressed = true;
 			if (peek) {
 				idx++;
 				off = 0;
-			} else if (off + n == plen) {
-				c->rx_off = 0;
-				off = 0;
-				rx_release(c, fd);
 			} else {
-				c->rx_off = off + (uint32_t)n;
+				c->rx_stream += n;
+				c->st.rx_bcopy_bytes += n;
+				if (off + n == plen) {
+					c->rx_off = 0;
+					off = 0;
+					rx_release(c, fd);
+				} else {
+					c->rx_off = off + (uint32_t)n;
+				}
 			}
 			if (copied == total)
 				break;
 		}
-		(void)progressed;
 		if (r == -ECONNRESET)
 			break;
 		if (copied == total && total)
@@ -174,14 +427,45 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = -EAGAIN;
 			break;
 		}
+		/* About to wait with nothing queued: if the receiver is the one
+		 * waiting, let the source write straight into our buffer. */
+		if (!offered && !peek && total - copied >= thresh &&
+		    c->ep.ops->rx_pending(&c->ep) == 0 &&
+		    zc_usable(c, total - copied, false))
+			offered = sink_offer(c, fd, iov, iovcnt, copied, total - copied);
 		r = sdp_wait(c, fd, FAB_WAIT_RX, true, &c->rx_lock);
 		if (r)
 			break;
 	}
-	if (!peek) {
-		c->st.rx_bytes += copied;
-		c->st.rx_bcopy_bytes += copied;
+	if (offered && !sink_withdraw(c)) {
+		/* The source is writing into our buffer now: take its
+		 * RdmaWrCompl, which it posts right after the write. */
+		uint64_t deadline = sdp_now_ns() + 2000000000ull;
+		for (;;) {
+			struct sdp_bsdh h;
+			const char *pl;
+			if (rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_RDMA_WR_COMPL) {
+				struct sdp_wrcompl wc;
+				memcpy(&wc, pl, sizeof wc);
+				if (wc.id == c->sink_id && copied + wc.len <= total) {
+					copied += wc.len;
+					c->rx_stream += wc.len;
+					c->st.rx_wzcopy_bytes += wc.len;
+					rx_release(c, fd);
+					r = 0;
+				}
+				atomic_store(&shm_zc_me(&c->ep)->sink_state, SDP_SINK_NONE);
+				break;
+			}
+			if (sdp_now_ns() > deadline || sdp_is_reset(c)) {
+				sdp_conn_abort(c, ECONNRESET);
+				break;
+			}
+			__builtin_ia32_pause();
+		}
 	}
+	if (!peek)
+		c->st.rx_bytes += copied;
 	sdp_unlock(&c->rx_lock);
 	if (!peek)
 		sdp_proc_bytes(0, copied);
@@ -198,7 +482,21 @@ int sdp_fionread(struct sdp_conn *c)
 	for (uint32_t i = 0;; i++) {
 		struct sdp_bsdh h;
 		const char *pl;
-		if (rx_hdr(c, i, &h, &pl) || h.mid != SDP_MID_DATA)
+		if (rx_hdr(c, i, &h, &pl))
+			break;
+		if (h.mid == SDP_MID_MODE_CHANGE || h.mid == SDP_MID_RDMA_WR_COMPL) {
+			off = 0;
+			continue;
+		}
+		if (h.mid == SDP_MID_SRC_AVAIL) {
+			struct sdp_srcavail sa;
+			memcpy(&sa, pl, sizeof sa);
+			if (sa.len >= off)
+				n += sa.len - off;
+			off = 0;
+			continue;
+		}
+		if (h.mid != SDP_MID_DATA)
 			break;
 		if (h.len - sizeof h >= off)
 			n += h.len - sizeof h - off;

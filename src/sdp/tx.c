@@ -111,8 +111,21 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		sdp_unlock(&c->tx_lock);
 		return r == 1 ? (ssize_t)total : r;
 	}
+	zc_ack_cancel(c, fd);
 	size_t payload = ep->slot_size - sizeof(struct sdp_bsdh);
 	size_t done = 0;
+	if (zc_usable(c, total, nonblock)) {
+		ssize_t z = zc_send(c, fd, iov, iovcnt, 0, total);
+		if (z < 0) {
+			sdp_unlock(&c->tx_lock);
+			return z;
+		}
+		done = (size_t)z;
+		c->st.tx_bytes += done;
+		sdp_unlock(&c->tx_lock);
+		sdp_proc_bytes(done, 0);
+		return (ssize_t)done;
+	}
 	while (done < total) {
 		if (ep->ops->credits(ep) == 0) {
 			if (nonblock) {
@@ -135,6 +148,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		size_t n = total - done < payload ? total - done : payload;
 		sdp_post_msg(c, fd, SDP_MID_DATA, iov, iovcnt, done, n);
 		done += n;
+		c->tx_stream += n;
 	}
 	c->st.tx_bytes += done;
 	c->st.tx_bcopy_bytes += done;

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "sdp/conn.h"
+#include "sdp/proto.h"
 #include "sdp/sys.h"
 
 static bool cond_met(struct sdp_conn *c, unsigned what)
@@ -31,9 +32,15 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	    atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
 	    shm_peer_abort(ep) || sdp_fallback_pending(c))
 		return true;
-	if (what & FAB_WAIT_RX)
-		return ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep);
-	return ep->ops->credits(ep) != 0;
+	if ((what & FAB_WAIT_RX) &&
+	    (ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep)))
+		return true;
+	if ((what & FAB_WAIT_CREDIT) && ep->ops->credits(ep) != 0)
+		return true;
+	if ((what & FAB_WAIT_ZC) &&
+	    atomic_load(&shm_zc_peer(ep)->rd_done) != c->zc_mark)
+		return true;
+	return false;
 }
 
 /* The peer's TCP socket closed (r = 1: FIN) or reset (r < 0). If the peer

@@ -36,6 +36,8 @@ const char *sdp_prog = "";
 struct sdp_tunables sdp_tun = {
 	.spin_us = 40,
 	.zcopy_thresh = 0,
+	.zcopy_chunk = 1u << 20,
+	.zcopy_depth = 4,
 	.nslots = 64,
 	.slot_size = 32768,
 };
@@ -128,6 +130,10 @@ static void do_init(void)
 	sdp_tun.spin_us = tun_get("SDP_SPIN_US", "spin_us", sdp_tun.spin_us, 0, 1000000);
 	sdp_tun.zcopy_thresh = tun_get("SDP_ZCOPY_THRESH", "zcopy_thresh",
 				       sdp_tun.zcopy_thresh, 0, UINT32_MAX);
+	sdp_tun.zcopy_chunk = tun_get("SDP_ZCOPY_CHUNK", "zcopy_chunk",
+				      sdp_tun.zcopy_chunk, 4096, 1u << 30);
+	sdp_tun.zcopy_depth = tun_get("SDP_ZCOPY_DEPTH", "zcopy_depth",
+				      sdp_tun.zcopy_depth, 1, 64);
 	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
 	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
 				    1024, 1u << 22) & ~63u;

@@ -242,6 +242,7 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e)
 		real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
 		e->connecting = false;
 	}
+	zc_ack_cancel(c, e->fd);
 	uint32_t want = e->events | EPOLLERR | EPOLLHUP;
 	uint32_t ev = sdp_events(c) & want;
 	if (e->events & EPOLLET) {

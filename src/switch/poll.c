@@ -38,6 +38,7 @@ static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs)
 			cs[i] = NULL;             /* polled by the kernel from now on */
 			continue;
 		}
+		zc_ack_cancel(cs[i], fds[i].fd);
 		unsigned ev = sdp_events(cs[i]) & ((unsigned)fds[i].events | ALWAYS);
 		fds[i].revents = (short)ev;
 		ready += ev != 0;

@@ -1,0 +1,298 @@
+/*
+ * zcopy.c - Zero Copy: the application's buffers move directly between the
+ * two processes by Cross Memory Attach (process_vm_readv/writev), the shm
+ * fabric's RDMA Read and RDMA Write.
+ *
+ * Read ZCopy (the receiver is slower): a blocking send() of at least the
+ * threshold advertises its buffer with SrcAvail messages in the data ring
+ * (after any Buffer Copy data, so order is kept): one at a time in
+ * Combined mode, up to adv_max chunks at once in Pipelined mode. The sink's
+ * recv() reads straight into the application's buffer and reports progress
+ * in its control block (RdmaRdCompl: rd_bytes, rd_done). send() returns when
+ * everything was read. A signal or SO_SNDTIMEO revokes what is left
+ * (SrcAvailCancel: cancel_id..cancel_last); the sink acknowledges
+ * (cancel_ack) once no read is in flight, and send() returns exactly the
+ * bytes read, or EINTR/EAGAIN. A sink that never answers is aborted after
+ * SDP_CANCEL_WAIT_MS.
+ *
+ * Write ZCopy (the sender is slower): a blocking recv() of at least the
+ * threshold that finds nothing queued offers its buffer (SinkAvail, in its
+ * control block, with the stream position it has consumed). A send() that
+ * finds the offer at its own stream position takes it (CAS), writes into it
+ * and posts RdmaWrCompl in the data ring. The sink withdraws an offer not
+ * taken with the same CAS, so withdrawing needs no round trip.
+ *
+ * Cross Memory Attach is probed once per connection (reading the peer's
+ * mapping of the shared header must give our own header); if the kernel
+ * refuses (ptrace policy, seccomp, other users), zero copy stays off for the
+ * connection and everything goes by Buffer Copy.
+ */
+#include <errno.h>
+#include <string.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "sdp/conn.h"
+#include "sdp/proto.h"
+#include "sdp/sys.h"
+#include "switch/log.h"
+
+#define SDP_CANCEL_WAIT_MS 2000
+
+int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
+		 int iovcnt, size_t off, size_t len);
+
+const char *zc_mode_name(int mode)
+{
+	return mode == SDP_MODE_PIPELINED ? "pipelined" :
+	       mode == SDP_MODE_COMBINED ? "combined" : "buffered";
+}
+
+void zc_attach(struct sdp_conn *c)
+{
+	struct sdp_zctl *z = shm_zc_me(&c->ep);
+	atomic_store(&z->pid, (int32_t)getpid());
+	z->probe_addr = (uint64_t)(uintptr_t)c->ep.base;
+	z->adv_max = sdp_tun.zcopy_depth;
+	atomic_store(&z->mode, SDP_MODE_BUFFERED);
+}
+
+/* Can we read the peer's memory? Read its mapping of our shared header. */
+static int cma_probe(struct sdp_conn *c)
+{
+	struct sdp_zctl *pz = shm_zc_peer(&c->ep);
+	pid_t pid = atomic_load(&pz->pid);
+	uint64_t addr = pz->probe_addr;
+	if (pid <= 0 || !addr)
+		return 0;                     /* peer not attached yet: ask later */
+	uint64_t theirs = 0, ours;
+	memcpy(&ours, c->ep.base, sizeof ours);
+	struct iovec l = { &theirs, sizeof theirs };
+	struct iovec r = { (void *)(uintptr_t)addr, sizeof theirs };
+	if (process_vm_readv(pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof theirs) {
+		int e = errno;
+		sdp_log(1, "zero copy off for this connection: process_vm_readv(%d): %s",
+			(int)pid, strerror(e));
+		return -e;
+	}
+	return theirs == ours ? 1 : -EPROTO;
+}
+
+bool zc_usable(struct sdp_conn *c, size_t len, bool nonblock)
+{
+	uint32_t th = atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed);
+	if (!th || nonblock || len < th)
+		return false;
+	int v = atomic_load(&c->cma);
+	if (v == 0) {
+		v = cma_probe(c);
+		if (v)
+			atomic_store(&c->cma, v);
+	}
+	return v > 0;
+}
+
+/* ---- source: Write ZCopy into an offered sink buffer ----------------------- */
+
+static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
+			int iovcnt, size_t off, size_t len)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *pz = shm_zc_peer(ep);
+	uint32_t st = SDP_SINK_OFFERED;
+	if (atomic_load(&pz->sink_state) != SDP_SINK_OFFERED ||
+	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0)
+		return 0;
+	uint32_t id = atomic_load(&pz->sink_id);
+	if (!atomic_compare_exchange_strong(&pz->sink_state, &st, SDP_SINK_TAKEN))
+		return 0;                     /* withdrawn meanwhile */
+	size_t n = len < pz->sink_len ? len : pz->sink_len;
+	/* The local side of the copy: our iovec from stream offset off. */
+	struct iovec lv[64];
+	int ln = 0;
+	size_t skip = off, want = n;
+	for (int i = 0; i < iovcnt && want && ln < 64; i++) {
+		if (skip >= iov[i].iov_len) {
+			skip -= iov[i].iov_len;
+			continue;
+		}
+		size_t k = iov[i].iov_len - skip;
+		if (k > want)
+			k = want;
+		lv[ln].iov_base = (char *)iov[i].iov_base + skip;
+		lv[ln].iov_len = k;
+		ln++;
+		want -= k;
+		skip = 0;
+	}
+	n -= want;
+	struct iovec rv = { (void *)(uintptr_t)pz->sink_addr, n };
+	ssize_t w = process_vm_writev(atomic_load(&pz->pid), lv, (unsigned long)ln, &rv, 1, 0);
+	if (w < 0) {
+		sdp_log(1, "Write ZCopy refused (%s): Buffer Copy from now on", strerror(errno));
+		atomic_store(&c->cma, -errno);
+		w = 0;
+	}
+	struct sdp_wrcompl wc = { .id = id, .len = (uint32_t)w };
+	struct iovec v = { &wc, sizeof wc };
+	sdp_post_msg(c, fd, SDP_MID_RDMA_WR_COMPL, &v, 1, 0, sizeof wc);
+	c->tx_stream += (uint64_t)w;
+	c->st.tx_wzcopy_bytes += (uint64_t)w;
+	return w;
+}
+
+/* ---- source: Read ZCopy ------------------------------------------------------ */
+
+static void set_mode(struct sdp_conn *c, int fd, int mode)
+{
+	if (c->mode == mode)
+		return;
+	c->mode = (uint8_t)mode;
+	atomic_store(&shm_zc_me(&c->ep)->mode, (uint32_t)mode);
+	struct sdp_modechange m = { .mode = (uint32_t)mode };
+	struct iovec v = { &m, sizeof m };
+	sdp_post_msg(c, fd, SDP_MID_MODE_CHANGE, &v, 1, 0, sizeof m);
+}
+
+/* Revoke advertisements first..last; wait (bounded) for the sink's ack.
+ * Returns 0, or -ECONNRESET when the sink never answered (aborted). */
+static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t last)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	z->reserved0 = last;                  /* cancel_last */
+	atomic_store(&z->cancel_id, first);
+	ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
+	uint64_t deadline = sdp_now_ns() + SDP_CANCEL_WAIT_MS * 1000000ull;
+	while (atomic_load(&pz->cancel_ack) != first) {
+		if (atomic_load(&pz->rd_done) >= last)
+			return 0;                 /* all read before the cancel landed */
+		if (sdp_is_reset(c) || atomic_load(&c->peer_gone))
+			return -ECONNRESET;
+		if (sdp_now_ns() > deadline) {
+			sdp_log(1, "SrcAvailCancel not answered in %d ms: connection aborted",
+				SDP_CANCEL_WAIT_MS);
+			sdp_conn_abort(c, ECONNRESET);
+			return -ECONNRESET;
+		}
+		ep->ops->arm(ep, FAB_WAIT_ZC);
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		if (atomic_load(&pz->cancel_ack) != first && sys_poll(&p, 1, 20) > 0)
+			sdp_on_wakeup(c, fd);
+	}
+	return 0;
+}
+
+ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
+		size_t off, size_t len)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *pz = shm_zc_peer(ep);
+	size_t done = 0;
+
+	/* The receiver already waits with its buffer: write into it. */
+	ssize_t w = try_sink(c, fd, iov, iovcnt, off, len);
+	if (w > 0) {
+		done += (size_t)w;
+		if (done == len)
+			return (ssize_t)done;
+	}
+
+	uint32_t depth = pz->adv_max;
+	if (depth == 0)
+		return (ssize_t)done;         /* the sink takes no SrcAvail: BCopy */
+	if (depth > sdp_tun.zcopy_depth)
+		depth = sdp_tun.zcopy_depth;
+	set_mode(c, fd, depth > 1 ? SDP_MODE_PIPELINED : SDP_MODE_COMBINED);
+	size_t chunk = depth > 1 ? sdp_tun.zcopy_chunk : len;
+
+	uint64_t rd_start = atomic_load(&pz->rd_bytes);
+	uint32_t first_id = c->src_id + 1, last_id = c->src_id;
+	size_t advertised = done;
+	int err = 0;
+	for (;;) {
+		/* Advertise while the pipeline and the credits allow. */
+		while (advertised < len && last_id - atomic_load(&pz->rd_done) < depth &&
+		       ep->ops->credits(ep) > 0) {
+			/* One SrcAvail is contiguous: stay in one iovec element. */
+			size_t skip = off + advertised;
+			int i = 0;
+			while (i < iovcnt && skip >= iov[i].iov_len)
+				skip -= iov[i++].iov_len;
+			size_t n = iov[i].iov_len - skip;
+			if (n > len - advertised)
+				n = len - advertised;
+			if (n > chunk)
+				n = chunk;
+			struct sdp_srcavail sa = {
+				.id = ++c->src_id,
+				.len = (uint32_t)n,
+				.addr = (uint64_t)(uintptr_t)((char *)iov[i].iov_base + skip),
+				.key = (int32_t)getpid(),
+			};
+			struct iovec v = { &sa, sizeof sa };
+			sdp_post_msg(c, fd, SDP_MID_SRC_AVAIL, &v, 1, 0, sizeof sa);
+			last_id = sa.id;
+			advertised += n;
+			c->tx_stream += n;
+		}
+		uint32_t rd = atomic_load(&pz->rd_done);
+		if (advertised == len && rd >= last_id)
+			break;                    /* everything was read */
+		bool room = advertised < len && last_id - rd < depth;
+		c->zc_mark = rd;
+		err = sdp_wait(c, fd, room ? FAB_WAIT_CREDIT : FAB_WAIT_ZC, false,
+			       &c->tx_lock);
+		if (!err && sdp_fallback_pending(c))
+			err = -SDP_EFALLBACK;
+		if (!err && (sdp_is_reset(c) || atomic_load(&c->peer_gone)))
+			err = -EPIPE;
+		if (err)
+			break;
+	}
+	if (err == -SDP_EFALLBACK) {
+		/* Leave SDP now, while our buffer is valid: the fallback
+		 * re-sends on TCP what the peer had not read of it. */
+		sdp_unlock(&c->tx_lock);
+		sdp_fallback(c, fd);
+		sdp_lock(&c->tx_lock);
+		c->st.tx_rzcopy_bytes += atomic_load(&pz->rd_bytes) - rd_start;
+		return (ssize_t)advertised;
+	}
+	if (err && last_id >= first_id && atomic_load(&pz->rd_done) < last_id &&
+	    !sdp_is_reset(c) && !atomic_load(&c->peer_gone)) {
+		/* Interrupted (signal, SO_SNDTIMEO): revoke what was not read. */
+		uint32_t from = atomic_load(&pz->rd_done) + 1;
+		if (from < first_id)
+			from = first_id;
+		int r = cancel_and_wait(c, fd, from, last_id);
+		if (r)
+			err = r;
+	}
+	uint64_t read_now = atomic_load(&pz->rd_bytes) - rd_start;
+	c->st.tx_rzcopy_bytes += read_now;
+	if (!err)
+		return (ssize_t)len;
+	size_t sent = done + (size_t)read_now;
+	if (sent > advertised)
+		sent = advertised;
+	c->tx_stream -= (uint64_t)(advertised - sent);
+	return sent ? (ssize_t)sent : err;
+}
+
+/* ---- sink: answer cancels ----------------------------------------------------- */
+
+void zc_ack_cancel(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	uint32_t cid = atomic_load(&pz->cancel_id);
+	if (!cid || atomic_load(&z->cancel_ack) == cid)
+		return;
+	/* Reads happen under rx_lock: holding it, none is in flight. */
+	if (pthread_mutex_trylock(&c->rx_lock) != 0)
+		return;                       /* the reader will answer */
+	atomic_store(&z->cancel_ack, cid);
+	pthread_mutex_unlock(&c->rx_lock);
+	ep->ops->kick(ep, fd, FAB_WAIT_ZC);
+}
