@@ -72,6 +72,7 @@ struct sdp_conn {
 	_Atomic uint32_t linger0;      /* SO_LINGER on with 0 s: close = abort */
 	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
 	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
+	_Atomic uint32_t rcvlowat;     /* SO_RCVLOWAT (TCP: sk_rcvlowat), >= 1 */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
 	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
@@ -87,6 +88,7 @@ struct sdp_conn {
 	uint32_t rx_src_id;            /* last SrcAvail id we received */
 	uint32_t sink_id;              /* last SinkAvail id we offered */
 	uint32_t zc_mark;              /* rd_done seen when a send went to sleep */
+	uint32_t zc_spin_us;           /* spin for this wait (expected read time) */
 	_Atomic int32_t cma;           /* Cross Memory Attach to the peer: 0 unknown,
 					* 1 works, -errno refused */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
@@ -152,6 +154,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
 const char *zc_mode_name(int mode);
+uint32_t sdp_zcopy_auto(void);                /* calib.c */
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
@@ -184,6 +187,8 @@ struct sdp_tunables {
 	uint32_t zcopy_thresh;
 	uint32_t zcopy_chunk;          /* bytes per SrcAvail in Pipelined mode */
 	uint32_t zcopy_depth;          /* SrcAvails outstanding (1 = Combined) */
+	uint32_t zcopy_tail;           /* bytes of a large send sent by BCopy */
+	uint32_t zcopy_auto;           /* 1: zcopy_thresh still to be measured */
 	uint32_t nslots;
 	uint32_t slot_size;
 };

@@ -135,10 +135,20 @@ void sdp_unlock(pthread_mutex_t *m)
 	pthread_mutex_unlock(m);
 }
 
+static pthread_once_t auto_once = PTHREAD_ONCE_INIT;
+
+static void resolve_auto(void)
+{
+	sdp_tun.zcopy_thresh = sdp_zcopy_auto();
+	__atomic_store_n(&sdp_tun.zcopy_auto, 0, __ATOMIC_RELEASE);
+}
+
 struct sdp_conn *sdp_conn_alloc(void)
 {
 	if (!pool)
 		return NULL;
+	if (__atomic_load_n(&sdp_tun.zcopy_auto, __ATOMIC_ACQUIRE))
+		pthread_once(&auto_once, resolve_auto);
 	uint32_t n = pool->nconns;
 	uint32_t start = atomic_fetch_add(&pool->hint, 1) % n;
 	for (uint32_t k = 0; k < n; k++) {
@@ -156,6 +166,7 @@ struct sdp_conn *sdp_conn_alloc(void)
 		atomic_store(&c->nproc, 1);
 		atomic_store(&c->spin_us, sdp_tun.spin_us);
 		atomic_store(&c->zcopy_thresh, sdp_tun.zcopy_thresh);
+		atomic_store(&c->rcvlowat, 1);
 		mutex_init(&c->tx_lock);
 		mutex_init(&c->rx_lock);
 		return c;

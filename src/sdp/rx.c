@@ -279,6 +279,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		return r;
 	size_t copied = 0;
 	r = 0;
+	/* SO_RCVLOWAT: a blocking recv returns once this much is copied. */
+	size_t lowat = atomic_load(&c->rcvlowat);
+	if (lowat < 1)
+		lowat = 1;
+	if (lowat > total)
+		lowat = total;
 	bool offered = false;                 /* a SinkAvail of ours is out */
 	uint32_t thresh = atomic_load(&c->zcopy_thresh);
 	bool bounce = !thresh || total < thresh;
@@ -414,7 +420,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			break;
 		if (copied == total && total)
 			{ r = 0; break; }
-		if (copied && !waitall)
+		if (copied && !waitall && (copied >= lowat || nonblock))
 			{ r = 0; break; }
 		int end = rx_end_state(c);
 		if (end <= 0) {
@@ -518,7 +524,8 @@ unsigned sdp_events(struct sdp_conn *c)
 	bool fin = atomic_load(&c->rx_eof) || shm_peer_fin_seen(ep) ||
 		   atomic_load(&c->peer_gone);
 	bool rd_closed = fin || atomic_load(&c->rx_shut);
-	if (pend || rd_closed)
+	uint32_t lowat = atomic_load(&c->rcvlowat);
+	if ((pend && (lowat <= 1 || (uint32_t)sdp_fionread(c) >= lowat)) || rd_closed)
 		ev |= POLLIN | POLLRDNORM;
 	if (rd_closed)
 		ev |= POLLRDHUP;

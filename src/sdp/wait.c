@@ -184,6 +184,8 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcv
 {
 	struct fab_ep *ep = &c->ep;
 	uint32_t spin = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
+	if ((what & FAB_WAIT_ZC) && spin && c->zc_spin_us > spin)
+		spin = c->zc_spin_us < 1000 ? c->zc_spin_us : 1000;
 	if (spin) {
 		uint64_t end = sdp_now_ns() + (uint64_t)spin * 1000;
 		for (unsigned i = 1;; i++) {

@@ -206,13 +206,24 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	set_mode(c, fd, depth > 1 ? SDP_MODE_PIPELINED : SDP_MODE_COMBINED);
 	size_t chunk = depth > 1 ? sdp_tun.zcopy_chunk : len;
 
+	/* Overlap: the last part goes by Buffer Copy behind the SrcAvails.
+	 * While the receiver copies it out of the ring, this send has
+	 * already returned and the next one is advertising its buffer. */
+	size_t tail = (len - done) / 4;
+	if (tail > sdp_tun.zcopy_tail)
+		tail = sdp_tun.zcopy_tail;
+	uint32_t th = atomic_load(&c->zcopy_thresh);
+	if (len - done - tail < th)
+		tail = 0;
+	size_t zlen = len - tail;             /* advertise [done, zlen) */
+
 	uint64_t rd_start = atomic_load(&pz->rd_bytes);
 	uint32_t first_id = c->src_id + 1, last_id = c->src_id;
-	size_t advertised = done;
+	size_t advertised = done, bdone = 0;
 	int err = 0;
 	for (;;) {
 		/* Advertise while the pipeline and the credits allow. */
-		while (advertised < len && last_id - atomic_load(&pz->rd_done) < depth &&
+		while (advertised < zlen && last_id - atomic_load(&pz->rd_done) < depth &&
 		       ep->ops->credits(ep) > 0) {
 			/* One SrcAvail is contiguous: stay in one iovec element. */
 			size_t skip = off + advertised;
@@ -220,8 +231,8 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 			while (i < iovcnt && skip >= iov[i].iov_len)
 				skip -= iov[i++].iov_len;
 			size_t n = iov[i].iov_len - skip;
-			if (n > len - advertised)
-				n = len - advertised;
+			if (n > zlen - advertised)
+				n = zlen - advertised;
 			if (n > chunk)
 				n = chunk;
 			struct sdp_srcavail sa = {
@@ -236,11 +247,25 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 			advertised += n;
 			c->tx_stream += n;
 		}
+		/* Everything advertised was read: queue the tail by Buffer
+		 * Copy (only now, so that a cancel never leaves a gap). */
+		size_t payload = ep->slot_size - sizeof(struct sdp_bsdh);
+		while (advertised == zlen && bdone < tail &&
+		       atomic_load(&pz->rd_done) >= last_id && ep->ops->credits(ep) > 0) {
+			size_t n = tail - bdone < payload ? tail - bdone : payload;
+			sdp_post_msg(c, fd, SDP_MID_DATA, iov, iovcnt, off + zlen + bdone, n);
+			bdone += n;
+			c->tx_stream += n;
+			c->st.tx_bcopy_bytes += n;
+		}
 		uint32_t rd = atomic_load(&pz->rd_done);
-		if (advertised == len && rd >= last_id)
-			break;                    /* everything was read */
-		bool room = advertised < len && last_id - rd < depth;
+		if (advertised == zlen && bdone == tail && rd >= last_id)
+			break;                    /* everything was read or queued */
+		bool room = (advertised < zlen && last_id - rd < depth) ||
+			    (advertised == zlen && bdone < tail && rd >= last_id);
 		c->zc_mark = rd;
+		/* Spin about as long as the peer needs to read what is out. */
+		c->zc_spin_us = (uint32_t)((advertised - done) / 12000);
 		err = sdp_wait(c, fd, room ? FAB_WAIT_CREDIT : FAB_WAIT_ZC, false,
 			       &c->tx_lock);
 		if (!err && sdp_fallback_pending(c))
@@ -257,7 +282,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		sdp_fallback(c, fd);
 		sdp_lock(&c->tx_lock);
 		c->st.tx_rzcopy_bytes += atomic_load(&pz->rd_bytes) - rd_start;
-		return (ssize_t)advertised;
+		return (ssize_t)(advertised + bdone);
 	}
 	if (err && last_id >= first_id && atomic_load(&pz->rd_done) < last_id &&
 	    !sdp_is_reset(c) && !atomic_load(&c->peer_gone)) {
@@ -277,6 +302,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	if (sent > advertised)
 		sent = advertised;
 	c->tx_stream -= (uint64_t)(advertised - sent);
+	sent += bdone;                        /* queued only after all was read */
 	return sent ? (ssize_t)sent : err;
 }
 

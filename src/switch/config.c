@@ -38,6 +38,7 @@ struct sdp_tunables sdp_tun = {
 	.zcopy_thresh = 0,
 	.zcopy_chunk = 1u << 20,
 	.zcopy_depth = 4,
+	.zcopy_tail = 256u << 10,
 	.nslots = 64,
 	.slot_size = 32768,
 };
@@ -128,12 +129,22 @@ static void do_init(void)
 		have_policy = true;        /* a named but unreadable policy: TCP */
 	}
 	sdp_tun.spin_us = tun_get("SDP_SPIN_US", "spin_us", sdp_tun.spin_us, 0, 1000000);
-	sdp_tun.zcopy_thresh = tun_get("SDP_ZCOPY_THRESH", "zcopy_thresh",
-				       sdp_tun.zcopy_thresh, 0, UINT32_MAX);
+	/* Zero-copy threshold: bytes, 0 = off, or "auto" (the default):
+	 * the crossover measured on this host (calib.c). */
+	const char *zt = getenv("SDP_ZCOPY_THRESH");
+	if ((!zt || !*zt) && policy)
+		sdp_policy_setting(policy, "zcopy_thresh", &zt);
+	if (!zt || !*zt || !strcmp(zt, "auto"))
+		sdp_tun.zcopy_auto = 1;       /* measured at the first connection */
+	else
+		sdp_tun.zcopy_thresh = tun_get("SDP_ZCOPY_THRESH", "zcopy_thresh",
+					       0, 0, UINT32_MAX);
 	sdp_tun.zcopy_chunk = tun_get("SDP_ZCOPY_CHUNK", "zcopy_chunk",
 				      sdp_tun.zcopy_chunk, 4096, 1u << 30);
 	sdp_tun.zcopy_depth = tun_get("SDP_ZCOPY_DEPTH", "zcopy_depth",
 				      sdp_tun.zcopy_depth, 1, 64);
+	sdp_tun.zcopy_tail = tun_get("SDP_ZCOPY_TAIL", "zcopy_tail",
+				     sdp_tun.zcopy_tail, 0, 1u << 30);
 	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
 	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
 				    1024, 1u << 22) & ~63u;

@@ -54,6 +54,14 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock)
 	}
 	v = 1;
 	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
+	/* SO_RCVLOWAT is ours now: on the kernel socket it would hold back
+	 * the 1-byte wake-ups. */
+	vl = sizeof v;
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &vl) == 0 && v > 1) {
+		atomic_store(&c->rcvlowat, (uint32_t)v);
+		v = 1;
+		sys_setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
+	}
 }
 
 EXPORT int socket(int domain, int type, int protocol)
@@ -328,6 +336,15 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 		}
 		return 0;
 	}
+	if (c && level == SOL_SOCKET && name == SO_RCVLOWAT) {
+		if (!val || len < sizeof(int)) {
+			errno = EINVAL;
+			return -1;
+		}
+		int v = *(const int *)val;
+		atomic_store(&c->rcvlowat, v < 1 ? 1u : (uint32_t)v);
+		return 0;
+	}
 	if (c && level == SOL_TCP && (name == TCP_NODELAY || name == TCP_CORK)) {
 		if (!val || len < sizeof(int)) {
 			errno = EINVAL;
@@ -405,6 +422,8 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 		}
 		}
 	}
+	if (c && level == SOL_SOCKET && name == SO_RCVLOWAT)
+		return put_int(val, len, (int)atomic_load(&c->rcvlowat));
 	if (c && level == SOL_TCP && (name == TCP_NODELAY || name == TCP_CORK))
 		return put_int(val, len, (int)atomic_load(name == TCP_NODELAY ?
 					 &c->app_nodelay : &c->app_cork));

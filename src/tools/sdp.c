@@ -486,9 +486,9 @@ static int cmd_check(int argc, char **argv)
 	n++;
 
 	bool cma = ck[3].ok;
-	(void)cma;
 	if (json) {
-		printf("{\"features\": [\"bcopy\"], \"checks\": {");
+		printf("{\"features\": [\"bcopy\"%s], \"checks\": {",
+		       cma ? ", \"zcopy\"" : "");
 		for (int i = 0; i < n; i++)
 			printf("%s\"%s\": {\"ok\": %s, \"why\": \"%s\"}", i ? ", " : "",
 			       ck[i].name, ck[i].ok ? "true" : "false", ck[i].why);
@@ -496,7 +496,8 @@ static int cmd_check(int argc, char **argv)
 	} else {
 		for (int i = 0; i < n; i++)
 			printf("%-20s %-4s %s\n", ck[i].name, ck[i].ok ? "ok" : "no", ck[i].why);
-		printf("%-20s      bcopy\n", "features");
+		printf("%-20s      bcopy%s\n", "features",
+		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)");
 	}
 	return 0;
 }
