@@ -90,13 +90,14 @@ extern const struct fab_ops fab_shm_ops;
 /* shm provider set-up (fabric/shm.c). create: a new region (memfd) sized
  * for nslots x slot_size per direction; returns the memfd. attach: map an
  * existing region received from the peer, validating its header. */
-int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token);
+int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
+		       struct fab_ep *ep);   /* also maps it as side 0 */
 int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side);
 /* Fields of the shared header other layers use. */
 uint64_t shm_token(struct fab_ep *ep);
 void shm_set_state(struct fab_ep *ep, uint32_t st);
 uint32_t shm_get_state(struct fab_ep *ep);
-void shm_set_pid(struct fab_ep *ep);
+void shm_set_pid(struct fab_ep *ep, int32_t pid);
 void shm_set_fin(struct fab_ep *ep);         /* our direction is finished */
 int  shm_peer_fin(struct fab_ep *ep);        /* peer direction finished, all consumed */
 void shm_set_abort(struct fab_ep *ep);

@@ -91,7 +91,8 @@ static size_t region_size(uint32_t nslots, uint32_t slot_size)
 	return SHM_HDR_SIZE + 2 * (size_t)nslots * slot_size;
 }
 
-int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token)
+int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
+		      struct fab_ep *ep)
 {
 	size_t len = region_size(nslots, slot_size);
 	int fd = (int)syscall(SYS_memfd_create, "sdp-conn",
@@ -101,8 +102,7 @@ int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token)
 	if (ftruncate(fd, (off_t)len) < 0 ||
 	    sys_fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
 		goto fail;
-	struct shm_hdr *h = mmap(NULL, SHM_HDR_SIZE, PROT_READ | PROT_WRITE,
-				 MAP_SHARED, fd, 0);
+	struct shm_hdr *h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (h == MAP_FAILED)
 		goto fail;
 	h->magic = SHM_MAGIC;
@@ -112,7 +112,14 @@ int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token)
 	h->token = token;
 	h->ring_off = SHM_HDR_SIZE;
 	atomic_store(&h->state, SHM_ST_CONNECTING);
-	munmap(h, SHM_HDR_SIZE);
+	/* The creator keeps this mapping as its endpoint. */
+	ep->ops = &fab_shm_ops;
+	ep->base = h;
+	ep->len = len;
+	ep->side = 0;
+	ep->nslots = nslots;
+	ep->slot_size = slot_size;
+	ep->peer_pid = 0;
 	return fd;
 fail:;
 	int e = -errno;
@@ -167,7 +174,7 @@ struct sdp_zctl *shm_zc_peer(struct fab_ep *ep) { return &peer(ep)->zc; }
 uint64_t shm_token(struct fab_ep *ep) { return H(ep)->token; }
 void shm_set_state(struct fab_ep *ep, uint32_t st) { atomic_store(&H(ep)->state, st); }
 uint32_t shm_get_state(struct fab_ep *ep) { return atomic_load(&H(ep)->state); }
-void shm_set_pid(struct fab_ep *ep) { atomic_store(&me(ep)->pid, (int32_t)getpid()); }
+void shm_set_pid(struct fab_ep *ep, int32_t pid) { atomic_store(&me(ep)->pid, pid); }
 
 void shm_set_fin(struct fab_ep *ep)
 {

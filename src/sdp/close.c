@@ -23,16 +23,19 @@
 
 int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
 		 int iovcnt, size_t off, size_t len);
+int sdp_post_msg_nokick(struct sdp_conn *c, int fd, uint8_t mid, bool nokick);
 
-static void send_fin(struct sdp_conn *c, int fd)
+/* closing: the TCP socket is closed right after, and its FIN wakes a
+ * sleeping peer; no wake-up token is needed. */
+static void send_fin(struct sdp_conn *c, int fd, bool closing)
 {
 	if (sdp_lock(&c->tx_lock))
 		return;
 	if (!atomic_exchange(&c->tx_shut, 1)) {
 		shm_set_fin(&c->ep);
 		if (c->ep.ops->credits(&c->ep) > 0)
-			sdp_post_msg(c, fd, SDP_MID_DISCONN, NULL, 0, 0, 0);
-		else
+			sdp_post_msg_nokick(c, fd, SDP_MID_DISCONN, closing);
+		if (!closing)
 			c->ep.ops->kick(&c->ep, fd, FAB_WAIT_RX);
 	}
 	sdp_unlock(&c->tx_lock);
@@ -50,7 +53,7 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	if (how == SHUT_WR || how == SHUT_RDWR)
-		send_fin(c, fd);
+		send_fin(c, fd, false);
 	return 0;
 }
 
@@ -81,14 +84,15 @@ void sdp_release(struct sdp_conn *c, int fd)
 			struct linger lg = { 1, 0 };
 			sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 		} else {
-			send_fin(c, fd);
+			send_fin(c, fd, true);
 		}
 	}
 	shm_set_closed(ep);
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
-	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT);
-	ep->ops->drain(ep, fd);
+	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
+	if (shm_tokens_due(ep))
+		ep->ops->drain(ep, fd);
 	atomic_store(&c->state, SDP_ST_CLOSED);
 	ep->ops->detach(ep);
 	sdp_conn_free(c);

@@ -60,6 +60,8 @@ struct sdp_conn {
 	_Atomic uint32_t nwaiters;     /* threads blocked in send/recv */
 	_Atomic uint32_t watcher;      /* 1: a waiter sleeps on the TCP fd */
 	_Atomic uint32_t wake_gen;     /* futex: bumped after every wake-up */
+	_Atomic uint32_t futex_sleepers; /* threads asleep on wake_gen */
+	_Atomic int64_t  rcvtimeo_us;  /* SO_RCVTIMEO, 0 = none (also on the socket) */
 	_Atomic uint32_t nonblock;     /* O_NONBLOCK of the open file (TCP: f_flags) */
 	_Atomic int64_t  sndtimeo_us;  /* SO_SNDTIMEO, 0 = none */
 	_Atomic uint32_t spin_us;      /* busy-poll before blocking */
@@ -195,5 +197,6 @@ struct sdp_tunables {
 extern struct sdp_tunables sdp_tun;
 
 uint64_t sdp_now_ns(void);
+extern pid_t sdp_pid;                 /* getpid(), kept by config.c */
 
 #endif

@@ -103,7 +103,7 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 			 * sending call (this process) falls back while it waits. */
 			struct sdp_srcavail sa;
 			memcpy(&sa, m + sizeof h, sizeof sa);
-			if (sa.key != (int32_t)getpid() || skip > sa.len)
+			if (sa.key != (int32_t)sdp_pid || skip > sa.len)
 				return -EPROTO;
 			int r = write_all(fd, (const char *)(uintptr_t)sa.addr + skip,
 					  sa.len - skip);

@@ -269,8 +269,17 @@ static int hello_send(const struct sockaddr_un *name, socklen_t nl,
 	return r;
 }
 
-/* Take every queued hello into l->pend. */
-static void drain_queue(struct sdp_listener *l)
+static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
+			  const struct key *pk)
+{
+	return h->family == lk->family && h->src_port == pk->port &&
+	       h->dst_port == lk->port &&
+	       !memcmp(h->dst_addr, lk->addr, lk->family == AF_INET ? 4 : 16);
+}
+
+/* Take queued hellos into l->pend; with want, stop at its hello. */
+static void drain_queue(struct sdp_listener *l, const struct key *lk,
+			const struct key *pk)
 {
 	for (;;) {
 		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC);
@@ -317,6 +326,8 @@ static void drain_queue(struct sdp_listener *l)
 		l->pend[l->npend].h = h;
 		l->pend[l->npend].memfd = memfd;
 		l->npend++;
+		if (lk && hello_matches(&h, lk, pk))
+			return;
 	}
 }
 
@@ -348,14 +359,14 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	bool shared = atomic_load(&l->sh->nproc) > 1;
 	if (shared && sdp_lock(&l->sh->lock))
 		return NULL;
-	drain_queue(l);
+	/* Alone on the listener: stop at our hello (a newer one for the
+	 * same 4-tuple cannot be queued behind it). Shared: take all. */
+	drain_queue(l, shared ? NULL : &lk, &pk);
 	int best = -1;
 	uint64_t now = sdp_now_ns();
 	for (int i = 0; i < l->npend; i++) {
 		const struct sdp_hello *h = &l->pend[i].h;
-		if (h->family == lk.family && h->src_port == pk.port &&
-		    h->dst_port == lk.port &&
-		    !memcmp(h->dst_addr, lk.addr, lk.family == AF_INET ? 4 : 16) &&
+		if (hello_matches(h, &lk, &pk) &&
 		    (best < 0 || h->time_ns > l->pend[best].h.time_ns))
 			best = i;
 	}
@@ -401,7 +412,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	c->transport = 1;
 	c->local = la;
 	c->remote = pa;
-	shm_set_pid(&c->ep);
+	shm_set_pid(&c->ep, (int32_t)sdp_pid);
 	zc_attach(c);
 	shm_set_state(&c->ep, SHM_ST_ATTACHED);
 	atomic_store(&c->state, SDP_ST_ESTABLISHED);
@@ -429,16 +440,35 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		w.family = AF_INET6;
 		cand[nc++] = w;
 	}
+	/* Which candidate served this port last time is tried first. */
+	static _Atomic uint32_t hint[256];    /* port -> candidate + 1 */
+	uint32_t hslot = ntohs(dk.port) & 255, hv = atomic_load(&hint[hslot]);
+	int first = (hv >> 16) == ntohs(dk.port) ? (int)(hv & 0xff) : 0;
+	if (first >= nc)
+		first = 0;
 	struct sockaddr_un name;
-	int rv = -1;
-	for (int i = 0; i < nc && rv < 0; i++) {
-		socklen_t nl = rv_name(&name, uid, &cand[i]);
-		rv = rv_connect(&name, nl, &uid);
-		if (rv == -EPERM)
-			return NULL;          /* squatted by another user: TCP */
-	}
+	int rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (rv < 0)
 		return NULL;
+	int found = -1;
+	for (int k = 0; k < nc && found < 0; k++) {
+		int i = (first + k) % nc;
+		socklen_t nl = rv_name(&name, uid, &cand[i]);
+		/* A refused connect leaves an AF_UNIX socket reusable. */
+		if (sys_connect(rv, &name, nl) == 0)
+			found = i;
+	}
+	if (found < 0) {
+		sys_close(rv);
+		return NULL;
+	}
+	struct ucred cr;
+	socklen_t cl = sizeof cr;
+	if (sys_getsockopt(rv, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != uid) {
+		sys_close(rv);                /* squatted by another user: TCP */
+		return NULL;
+	}
+	atomic_store(&hint[hslot], ((uint32_t)ntohs(dk.port) << 16) | (uint32_t)found);
 	struct sdp_conn *c = NULL;
 	int memfd = -1;
 
@@ -468,20 +498,20 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		.src_port = lk.port,
 		.nslots = sdp_tun.nslots,
 		.slot_size = sdp_tun.slot_size,
-		.pid = (int32_t)getpid(),
+		.pid = (int32_t)sdp_pid,
 		.time_ns = sdp_now_ns(),
 	};
 	memcpy(h.dst_addr, dk.addr, sizeof h.dst_addr);
-	if (getrandom(&h.token, sizeof h.token, GRND_NONBLOCK) != sizeof h.token)
-		h.token = h.time_ns ^ ((uint64_t)getpid() << 32);
+	/* Unique, not secret (the memfd itself is the capability). */
+	static _Atomic uint64_t seq;
+	h.token = (h.time_ns * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)sdp_pid << 40) ^
+		  atomic_fetch_add(&seq, 1);
 
-	memfd = shm_region_create(h.nslots, h.slot_size, h.token);
-	if (memfd < 0)
-		goto fail;
 	c = sdp_conn_alloc();
 	if (!c)
 		goto fail;
-	if (shm_ep_attach(&c->ep, memfd, 0) < 0) {
+	memfd = shm_region_create(h.nslots, h.slot_size, h.token, &c->ep);
+	if (memfd < 0) {
 		sdp_conn_free(c);
 		c = NULL;
 		goto fail;
@@ -498,7 +528,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	c->transport = 1;
 	c->local = la;
 	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
-	shm_set_pid(&c->ep);
+	shm_set_pid(&c->ep, (int32_t)sdp_pid);
 	zc_attach(c);
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;

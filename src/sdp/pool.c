@@ -161,7 +161,7 @@ struct sdp_conn *sdp_conn_alloc(void)
 			continue;
 		memset((char *)c + sizeof c->inuse, 0, sizeof *c - sizeof c->inuse);
 		c->idx = i;
-		c->creator_pid = (int32_t)getpid();
+		c->creator_pid = (int32_t)sdp_pid;
 		c->created_ns = sdp_now_ns();
 		atomic_store(&c->nproc, 1);
 		atomic_store(&c->spin_us, sdp_tun.spin_us);

@@ -233,7 +233,7 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 	z->sink_addr = (uint64_t)(uintptr_t)v.iov_base;
 	z->sink_len = v.iov_len > (1u << 30) ? (1u << 30) : (uint32_t)v.iov_len;
 	z->sink_pos = c->rx_stream;
-	atomic_store(&z->pid, (int32_t)getpid());
+	atomic_store(&z->pid, (int32_t)sdp_pid);
 	atomic_store(&z->sink_id, ++c->sink_id);
 	atomic_store_explicit(&z->sink_state, SDP_SINK_OFFERED, memory_order_release);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);

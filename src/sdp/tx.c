@@ -43,9 +43,24 @@ static void iov_gather(void *dst, const struct iovec *iov, int n, size_t off,
 	}
 }
 
+static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
+		int iovcnt, size_t off, size_t len, bool kick);
+
 /* Post one control or data message; caller holds tx_lock and a credit. */
 int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
 		 int iovcnt, size_t off, size_t len)
+{
+	return post(c, fd, mid, iov, iovcnt, off, len, true);
+}
+
+/* A message without payload, optionally without waking the peer. */
+int sdp_post_msg_nokick(struct sdp_conn *c, int fd, uint8_t mid, bool nokick)
+{
+	return post(c, fd, mid, NULL, 0, 0, 0, !nokick);
+}
+
+static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
+		int iovcnt, size_t off, size_t len, bool kick)
 {
 	struct fab_ep *ep = &c->ep;
 	size_t cap;
@@ -63,7 +78,7 @@ int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *io
 	memcpy(buf, &h, sizeof h);
 	ep->ops->post(ep, sizeof h + len);
 	c->st.tx_msgs++;
-	if (ep->ops->kick(ep, fd, FAB_WAIT_RX) > 0)
+	if (kick && ep->ops->kick(ep, fd, FAB_WAIT_RX) > 0)
 		c->st.doorbells_tx++;
 	return 0;
 }

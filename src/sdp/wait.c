@@ -77,7 +77,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
 static void wake_others(struct sdp_conn *c)
 {
 	atomic_fetch_add(&c->wake_gen, 1);
-	if (atomic_load(&c->nwaiters) > 0)
+	if (atomic_load(&c->futex_sleepers) > 0)
 		syscall(SYS_futex, &c->wake_gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
@@ -172,7 +172,9 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline)
 		ts.tv_nsec = (long)(left % 1000000000);
 		tp = &ts;
 	}
+	atomic_fetch_add(&c->futex_sleepers, 1);
 	long r = syscall(SYS_futex, &c->wake_gen, FUTEX_WAIT, gen, tp, NULL, 0);
+	atomic_fetch_sub(&c->futex_sleepers, 1);
 	if (r < 0 && errno == EINTR)
 		return -EINTR;
 	if (r < 0 && errno == ETIMEDOUT)
@@ -205,12 +207,9 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcv
 		if (to > 0)
 			deadline = sdp_now_ns() + (uint64_t)to * 1000;
 	} else {
-		struct timeval tv;
-		socklen_t l = sizeof tv;
-		if (sys_getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &l) == 0 &&
-		    (tv.tv_sec || tv.tv_usec))
-			deadline = sdp_now_ns() + (uint64_t)tv.tv_sec * 1000000000ull +
-				   (uint64_t)tv.tv_usec * 1000;
+		int64_t to = atomic_load(&c->rcvtimeo_us);
+		if (to > 0)
+			deadline = sdp_now_ns() + (uint64_t)to * 1000;
 	}
 	int ret = 0;
 	atomic_fetch_add(&c->nwaiters, 1);

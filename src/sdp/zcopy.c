@@ -51,7 +51,7 @@ const char *zc_mode_name(int mode)
 void zc_attach(struct sdp_conn *c)
 {
 	struct sdp_zctl *z = shm_zc_me(&c->ep);
-	atomic_store(&z->pid, (int32_t)getpid());
+	atomic_store(&z->pid, (int32_t)sdp_pid);
 	z->probe_addr = (uint64_t)(uintptr_t)c->ep.base;
 	z->adv_max = sdp_tun.zcopy_depth;
 	atomic_store(&z->mode, SDP_MODE_BUFFERED);
@@ -239,7 +239,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 				.id = ++c->src_id,
 				.len = (uint32_t)n,
 				.addr = (uint64_t)(uintptr_t)((char *)iov[i].iov_base + skip),
-				.key = (int32_t)getpid(),
+				.key = (int32_t)sdp_pid,
 			};
 			struct iovec v = { &sa, sizeof sa };
 			sdp_post_msg(c, fd, SDP_MID_SRC_AVAIL, &v, 1, 0, sizeof sa);

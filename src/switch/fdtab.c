@@ -228,6 +228,7 @@ void fd_dup(int oldfd, int newfd)
 	} else if (k == FDK_INET || k == FDK_TCP) {
 		fd_set_kind(newfd, k);
 	}
+	atomic_store(&n->opts, atomic_load(&o->opts));
 }
 
 /* fork(): every connection and listener this process holds gets one more

@@ -28,26 +28,54 @@ static bool is_tcp_type(int domain, int type, int proto)
 	       (proto == 0 || proto == IPPROTO_TCP);
 }
 
-/* Fill in what a new SDP connection needs to know about its TCP socket. */
-static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock)
+static uint8_t fd_opts(int fd)
+{
+	struct fdent *e = fd_get(fd);
+	return e ? atomic_load(&e->opts) : OPT_UNKNOWN;
+}
+
+static void fd_opt_set(int fd, uint8_t bit, bool on)
+{
+	struct fdent *e = fd_get(fd);
+	if (!e)
+		return;
+	if (on)
+		atomic_fetch_or(&e->opts, bit);
+	else
+		atomic_fetch_and(&e->opts, (uint8_t)~bit);
+}
+
+/* Fill in what a new SDP connection needs to know about its TCP socket.
+ * opts: what the application set (fd_opts); only that is read back. */
+static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 {
 	struct stat st;
 	if (fstat(fd, &st) == 0)
 		c->tcp_ino = st.st_ino;
-	int fl = sys_fcntl(fd, F_GETFL, 0);
-	atomic_store(&c->nonblock, nonblock || (fl >= 0 && (fl & O_NONBLOCK)));
-	socklen_t l = sizeof c->remote;
-	if (c->role == 2)
-		sys_getpeername(fd, &c->remote, &l);
+	if (opts & OPT_UNKNOWN) {
+		int fl = sys_fcntl(fd, F_GETFL, 0);
+		nonblock |= fl >= 0 && (fl & O_NONBLOCK);
+		opts |= OPT_NODELAY | OPT_CORK | OPT_RCVLOWAT;
+	}
+	atomic_store(&c->nonblock, nonblock || (opts & OPT_NONBLOCK));
+	if (opts & (OPT_TIMEO | OPT_UNKNOWN)) {
+		struct timeval tv;
+		socklen_t tl = sizeof tv;
+		if (sys_getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &tl) == 0)
+			atomic_store(&c->rcvtimeo_us, (int64_t)tv.tv_sec * 1000000 + tv.tv_usec);
+		tl = sizeof tv;
+		if (sys_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &tl) == 0)
+			atomic_store(&c->sndtimeo_us, (int64_t)tv.tv_sec * 1000000 + tv.tv_usec);
+	}
 	/* The TCP socket now only carries 1-byte wake-up tokens: Nagle or a
 	 * cork would hold them back behind delayed ACKs. The application's
 	 * own settings are remembered and reported back to it. */
 	int v = 0;
 	socklen_t vl = sizeof v;
-	if (sys_getsockopt(fd, SOL_TCP, TCP_NODELAY, &v, &vl) == 0)
+	if ((opts & OPT_NODELAY) && sys_getsockopt(fd, SOL_TCP, TCP_NODELAY, &v, &vl) == 0)
 		atomic_store(&c->app_nodelay, v != 0);
 	vl = sizeof v;
-	if (sys_getsockopt(fd, SOL_TCP, TCP_CORK, &v, &vl) == 0 && v) {
+	if ((opts & OPT_CORK) && sys_getsockopt(fd, SOL_TCP, TCP_CORK, &v, &vl) == 0 && v) {
 		atomic_store(&c->app_cork, 1);
 		v = 0;
 		sys_setsockopt(fd, SOL_TCP, TCP_CORK, &v, sizeof v);
@@ -57,7 +85,8 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock)
 	/* SO_RCVLOWAT is ours now: on the kernel socket it would hold back
 	 * the 1-byte wake-ups. */
 	vl = sizeof v;
-	if (sys_getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &vl) == 0 && v > 1) {
+	if ((opts & OPT_RCVLOWAT) &&
+	    sys_getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &vl) == 0 && v > 1) {
 		atomic_store(&c->rcvlowat, (uint32_t)v);
 		v = 1;
 		sys_setsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, sizeof v);
@@ -68,8 +97,12 @@ EXPORT int socket(int domain, int type, int protocol)
 {
 	SDP_INIT();
 	int fd = real_socket(domain, type, protocol);
-	if (fd >= 0)
+	if (fd >= 0) {
 		fd_set_kind(fd, is_tcp_type(domain, type, protocol) ? FDK_INET : FDK_NONE);
+		struct fdent *e = fd_get(fd);
+		if (e)
+			atomic_store(&e->opts, (type & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
+	}
 	return fd;
 }
 
@@ -115,7 +148,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	if (r == 0 || e == EINPROGRESS) {
 		if (r == 0)
 			sdp_connect_done(c, fd, 0);
-		conn_adopt(fd, c, false);
+		conn_adopt(fd, c, false, fd_opts(fd));
 		fd_set_sdp(fd, c);
 		sdp_proc_count(1, 0);
 		sdp_log(2, "connect fd %d: SDP%s", fd, r ? " (in progress)" : "");
@@ -137,8 +170,14 @@ static int after_accept(int lfd, int nfd, int flags)
 		return nfd;
 	}
 	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd) : NULL;
+	/* Accepted sockets inherit the listener's options, not O_NONBLOCK. */
+	uint8_t opts = (atomic_load(&e->opts) & ~OPT_NONBLOCK) |
+		       ((flags & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
+	struct fdent *ne = fd_get(nfd);
+	if (ne)
+		atomic_store(&ne->opts, opts);
 	if (c) {
-		conn_adopt(nfd, c, flags & SOCK_NONBLOCK);
+		conn_adopt(nfd, c, flags & SOCK_NONBLOCK, opts);
 		fd_set_sdp(nfd, c);
 		sdp_proc_count(1, 0);
 		sdp_log(2, "accept fd %d -> %d: SDP", lfd, nfd);
@@ -259,6 +298,8 @@ static int fcntl_common(int (*fn)(int, int, ...), int fd, int cmd, va_list ap)
 		struct sdp_conn *c = fd_conn(fd);
 		if (c)
 			atomic_store(&c->nonblock, (arg & O_NONBLOCK) != 0);
+		else if (fd_kind(fd) != FDK_NONE)
+			fd_opt_set(fd, OPT_NONBLOCK, (arg & O_NONBLOCK) != 0);
 	}
 	return r;
 }
@@ -300,8 +341,12 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 		return 0;
 	}
 	int r = real_ioctl(fd, req, arg);
-	if (r == 0 && c && req == FIONBIO && arg)
-		atomic_store(&c->nonblock, *(int *)arg != 0);
+	if (r == 0 && req == FIONBIO && arg) {
+		if (c)
+			atomic_store(&c->nonblock, *(int *)arg != 0);
+		else if (fd_kind(fd) != FDK_NONE)
+			fd_opt_set(fd, OPT_NONBLOCK, *(int *)arg != 0);
+	}
 	return r;
 }
 
@@ -355,11 +400,24 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 		return 0;
 	}
 	int r = real_setsockopt(fd, level, name, val, len);
-	if (r == 0 && c && level == SOL_SOCKET && name == SO_SNDTIMEO &&
+	if (r == 0 && !c) {
+		if (level == SOL_TCP && name == TCP_NODELAY)
+			fd_opt_set(fd, OPT_NODELAY, true);
+		else if (level == SOL_TCP && name == TCP_CORK)
+			fd_opt_set(fd, OPT_CORK, true);
+		else if (level == SOL_SOCKET && name == SO_RCVLOWAT)
+			fd_opt_set(fd, OPT_RCVLOWAT, true);
+	}
+	if (r == 0 && c && level == SOL_SOCKET &&
+	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO) &&
 	    len >= sizeof(struct timeval)) {
 		const struct timeval *tv = val;
-		atomic_store(&c->sndtimeo_us, (int64_t)tv->tv_sec * 1000000 + tv->tv_usec);
+		atomic_store(name == SO_SNDTIMEO ? &c->sndtimeo_us : &c->rcvtimeo_us,
+			     (int64_t)tv->tv_sec * 1000000 + tv->tv_usec);
 	}
+	if (r == 0 && !c && level == SOL_SOCKET &&
+	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO))
+		fd_opt_set(fd, OPT_TIMEO, true);
 	if (r == 0 && c && level == SOL_SOCKET && name == SO_LINGER &&
 	    len >= sizeof(struct linger)) {
 		const struct linger *lg = val;

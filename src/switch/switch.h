@@ -34,8 +34,21 @@ enum fd_kind {
 
 struct ep_shadow;
 
+/* Options the application set on a socket before it became a connection
+ * (inherited by accepted sockets from their listener): only these need to
+ * be read back from the kernel when the connection goes over SDP. */
+enum {
+	OPT_NODELAY  = 1 << 0,
+	OPT_CORK     = 1 << 1,
+	OPT_RCVLOWAT = 1 << 2,
+	OPT_NONBLOCK = 1 << 3,        /* O_NONBLOCK known to be set */
+	OPT_TIMEO    = 1 << 4,        /* SO_RCVTIMEO or SO_SNDTIMEO set */
+	OPT_UNKNOWN  = 1 << 7,        /* socket we did not see created: ask */
+};
+
 struct fdent {
 	_Atomic uint8_t kind;
+	_Atomic uint8_t opts;
 	struct sdp_conn *c;
 	struct sdp_listener *l;
 	struct ep_shadow *ep;
