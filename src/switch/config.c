@@ -121,11 +121,15 @@ static void do_init(void)
 	if (!explicit)
 		path = "/etc/sdp.conf";
 	int err = 0;
-	policy = sdp_policy_load(path, policy_err, NULL, &err);
+	/* `sdp run` reported bad lines already: say them once, not per process. */
+	const char *rep = getenv("SDP_POLICY_REPORTED");
+	bool quiet = rep && *rep == '1';
+	policy = sdp_policy_load(path, quiet ? NULL : policy_err, NULL, &err);
 	if (policy) {
 		have_policy = true;
 	} else if (explicit) {
-		sdp_logf("cannot read policy %s: %s; using TCP", path, strerror(-err));
+		if (!quiet)
+			sdp_logf("cannot read policy %s: %s; using TCP", path, strerror(-err));
 		have_policy = true;        /* a named but unreadable policy: TCP */
 	}
 	sdp_tun.spin_us = tun_get("SDP_SPIN_US", "spin_us", sdp_tun.spin_us, 0, 1000000);

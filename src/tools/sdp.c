@@ -66,6 +66,12 @@ static char *lib_path(void)
 
 /* ---- run ---------------------------------------------------------------- */
 
+static void run_policy_err(const char *msg, void *arg)
+{
+	(void)arg;
+	fprintf(stderr, "sdp: %s (line ignored)\n", msg);
+}
+
 static int cmd_run(int argc, char **argv)
 {
 	int i = 0;
@@ -107,6 +113,20 @@ static int cmd_run(int argc, char **argv)
 		char *abs = realpath(policy, NULL);
 		setenv("SDP_CONFIG", abs ? abs : policy, 1);
 	}
+	/* Report bad policy lines once, here, rather than in every process
+	 * of the command (the library stays quiet when told so). */
+	const char *path = getenv("SDP_CONFIG");
+	bool named = path && *path;
+	if (!named)
+		path = "/etc/sdp.conf";
+	int err = 0;
+	struct sdp_policy *p = sdp_policy_load(path, run_policy_err, NULL, &err);
+	if (p)
+		sdp_policy_free(p);
+	else if (named)
+		fprintf(stderr, "sdp: cannot read policy %s: %s; using TCP\n", path,
+			strerror(-err));
+	setenv("SDP_POLICY_REPORTED", "1", 1);
 	execvp(argv[i], argv + i);
 	fprintf(stderr, "sdp: %s: %s\n", argv[i], strerror(errno));
 	return errno == ENOENT ? 127 : 126;
