@@ -17,6 +17,7 @@
 #ifndef SDP_FABRIC_H
 #define SDP_FABRIC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -103,6 +104,7 @@ int  shm_peer_fin(struct fab_ep *ep);        /* peer direction finished, all con
 void shm_set_abort(struct fab_ep *ep);
 int  shm_peer_abort(struct fab_ep *ep);
 int  shm_peer_fin_seen(struct fab_ep *ep);   /* FIN received, maybe data before it */
+bool shm_peer_sane(struct fab_ep *ep);       /* false: abort the connection */
 void shm_set_closed(struct fab_ep *ep);      /* our socket is fully closed */
 void shm_set_rd_shut(struct fab_ep *ep);
 int  shm_peer_rd_shut(struct fab_ep *ep);

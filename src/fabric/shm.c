@@ -195,6 +195,28 @@ int shm_peer_fin(struct fab_ep *ep)
 
 void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
 
+/* Everything the peer wrote in its control block must make sense with
+ * what we know; if not, the caller aborts the connection. */
+bool shm_peer_sane(struct fab_ep *ep)
+{
+	struct shm_side *m = me(ep), *p = peer(ep);
+	uint64_t pprod = atomic_load(&p->prod), mcons = atomic_load(&m->cons);
+	uint64_t mprod = atomic_load(&m->prod), pcons = atomic_load(&p->cons);
+	if (pprod < mcons || pprod - mcons > ep->nslots)
+		return false;             /* messages from nowhere, or unposted */
+	if (pcons > mprod || mprod - pcons > ep->nslots)
+		return false;             /* credits for messages never sent */
+	if (atomic_load(&p->fin) > 1 ||
+	    (atomic_load(&p->fin) && atomic_load(&p->fin_seq) > pprod))
+		return false;             /* FIN after messages that do not exist */
+	if (atomic_load(&p->fb) > 1)
+		return false;
+	uint64_t ts = atomic_load(&p->tokens_sent), tr = atomic_load(&m->tokens_rcvd);
+	if (ts < tr || ts - tr > (1u << 20))
+		return false;             /* wake-up tokens that cannot exist */
+	return true;
+}
+
 int shm_peer_fin_seen(struct fab_ep *ep) { return atomic_load(&peer(ep)->fin) != 0; }
 void shm_set_closed(struct fab_ep *ep) { atomic_store(&me(ep)->closed, 1); }
 void shm_set_rd_shut(struct fab_ep *ep) { atomic_store(&me(ep)->rd_shut, 1); }

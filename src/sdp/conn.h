@@ -93,6 +93,11 @@ struct sdp_conn {
 	uint32_t zc_spin_us;           /* spin for this wait (expected read time) */
 	_Atomic int32_t cma;           /* Cross Memory Attach to the peer: 0 unknown,
 					* 1 works, -errno refused */
+	int32_t  peer_pid;             /* the peer process as the kernel told us
+					* (SO_PEERCRED at the rendezvous): the
+					* only CMA key we accept */
+	int32_t  zc_pid;               /* the process the peer verified for us:
+					* only it may advertise or offer (0 none) */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
 	uint8_t  pad1[3];
 
@@ -175,6 +180,7 @@ struct sdp_listener;
 int  sdp_listener_open(int fd, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
+void sdp_listener_child(struct sdp_listener *l);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
 struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello

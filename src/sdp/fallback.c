@@ -55,11 +55,18 @@ static int discard_tokens(struct fab_ep *ep, int fd)
 {
 	char buf[256];
 	uint64_t due;
+	/* The peer counted each token before writing it, so they are all
+	 * on their way; a peer that announced tokens it never sends is
+	 * broken: give up after a second without progress. */
+	uint64_t last = sdp_now_ns();
 	while ((due = shm_tokens_due(ep)) != 0) {
+		if (due > (1u << 20) || sdp_now_ns() - last > 1000000000ull)
+			return -EPROTO;
 		size_t want = due < sizeof buf ? (size_t)due : sizeof buf;
 		ssize_t r = syscall(SYS_recvfrom, fd, buf, want, MSG_DONTWAIT, NULL, NULL);
 		if (r > 0) {
 			shm_tokens_took(ep, (uint64_t)r);
+			last = sdp_now_ns();
 			continue;
 		}
 		if (r == 0)
@@ -69,7 +76,7 @@ static int discard_tokens(struct fab_ep *ep, int fd)
 		if (errno != EAGAIN)
 			return -errno;
 		struct pollfd p = { .fd = fd, .events = POLLIN };
-		sys_poll(&p, 1, -1);
+		sys_poll(&p, 1, 100);
 	}
 	return 0;
 }
@@ -157,6 +164,10 @@ int sdp_fallback(struct sdp_conn *c, int fd)
 	int r = 0;
 	if (atomic_load(&c->fb_done))
 		goto out;
+	if (!shm_peer_sane(ep)) {
+		r = -EPROTO;
+		goto done;
+	}
 	if (!shm_my_fb(ep)) {
 		/* Wake the peer so it follows, then freeze our side. */
 		ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
@@ -181,6 +192,14 @@ int sdp_fallback(struct sdp_conn *c, int fd)
 	if (!r)
 		r = discard_tokens(ep, fd);
 done:
+	if (r && r != -ECONNRESET && r != -EPIPE) {
+		/* The streams cannot be handed over intact: end the TCP
+		 * connection rather than let it carry anything wrong. */
+		sdp_log(1, "fd %d: fallback impossible (%d): connection shut down", fd, r);
+		struct linger lg = { 1, 0 };
+		sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+		sys_shutdown(fd, SHUT_RDWR);
+	}
 	atomic_store(&c->fb_done, 1);
 	c->transport = 0;
 	sdp_log(2, "fd %d left SDP for TCP (%d)", fd, r);

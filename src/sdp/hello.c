@@ -47,13 +47,24 @@
 #define HELLO_STALE_NS (120ull * 1000000000ull)
 
 struct pending {
-	struct sdp_hello h;
+	struct sdp_hello h;            /* h.pid: the sender as SO_PEERCRED says */
 	int memfd;
+	uint64_t rx_ns;                /* when we took it (our clock, not theirs) */
 };
 
+#define LSH_PIDS 64
 struct lshared {                   /* shared by processes forked after listen */
 	pthread_mutex_t lock;
 	_Atomic uint32_t nproc;
+	_Atomic int32_t pids[LSH_PIDS]; /* processes sharing the listener; [0]
+					 * created it (its pid is what clients
+					 * see with SO_PEERCRED) */
+};
+
+#define SILENT_MAX 32
+struct silent {                    /* rendezvous connections with no hello yet */
+	int fd;
+	uint64_t since_ns;
 };
 
 struct sdp_listener {
@@ -64,6 +75,8 @@ struct sdp_listener {
 	struct lshared *sh;
 	struct pending *pend;
 	int npend, cap;
+	struct silent silent[SILENT_MAX];
+	int nsilent;
 };
 
 /* ---- addresses -------------------------------------------------------------- */
@@ -179,6 +192,7 @@ int sdp_listener_open(int fd, struct sdp_listener **out)
 	pthread_mutex_init(&l->sh->lock, &ma);
 	pthread_mutexattr_destroy(&ma);
 	atomic_store(&l->sh->nproc, 1);
+	atomic_store(&l->sh->pids[0], (int32_t)sdp_pid);
 	*out = l;
 	return 0;
 fail:;
@@ -195,6 +209,8 @@ void sdp_listener_close(struct sdp_listener *l)
 		return;
 	for (int i = 0; i < l->npend; i++)
 		sys_close(l->pend[i].memfd);
+	for (int i = 0; i < l->nsilent; i++)
+		sys_close(l->silent[i].fd);
 	free(l->pend);
 	sys_close(l->rv);
 	if (l->sh && l->sh != MAP_FAILED) {
@@ -210,6 +226,89 @@ void sdp_listener_fork(struct sdp_listener *l, int delta)
 		atomic_fetch_add(&l->sh->nproc, 1);
 	else
 		atomic_fetch_sub(&l->sh->nproc, 1);
+}
+
+/* In a forked child: we share the listener (hellos put back by us carry
+ * their sender's verified pid, which siblings may then trust). */
+void sdp_listener_child(struct sdp_listener *l)
+{
+	for (int i = 1; i < LSH_PIDS; i++) {
+		int32_t z = 0;
+		if (atomic_compare_exchange_strong(&l->sh->pids[i], &z, (int32_t)sdp_pid))
+			return;
+	}
+}
+
+static bool is_sibling(struct sdp_listener *l, pid_t pid)
+{
+	for (int i = 0; i < LSH_PIDS; i++)
+		if (atomic_load(&l->sh->pids[i]) == (int32_t)pid)
+			return pid != 0;
+	return false;
+}
+
+/* Take one hello from a connected rendezvous socket s (nonblocking).
+ * 1: taken into l->pend, 0: nothing there yet, -1: dropped (bad). */
+static int take_hello(struct sdp_listener *l, int s)
+{
+	struct sdp_hello h;
+	/* Room for several descriptors: every one received is closed unless
+	 * it is the single memfd of a well-formed hello. */
+	union { struct cmsghdr c; char buf[CMSG_SPACE(8 * sizeof(int))]; } u;
+	struct iovec iov = { &h, sizeof h };
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
+			    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+	if (n < 0 && errno == EAGAIN)
+		return 0;
+	int memfd = -1, nfds = 0;
+	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL; cm;
+	     cm = CMSG_NXTHDR(&m, cm)) {
+		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < k; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
+			if (memfd < 0 && nfds == 0)
+				memfd = fd;
+			else
+				sys_close(fd);
+			nfds++;
+		}
+	}
+	struct ucred cr;
+	socklen_t cl = sizeof cr;
+	bool ok = n == (ssize_t)sizeof h && memfd >= 0 && nfds == 1 &&
+		  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
+		  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
+		  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
+		  cr.uid == l->uid;
+	if (!ok) {
+		if (memfd >= 0)
+			sys_close(memfd);
+		sdp_log(2, "rendezvous: dropped a malformed or foreign hello");
+		return -1;
+	}
+	/* The sender's pid is the kernel's word, except for hellos a sibling
+	 * sharing this listener put back, which carry the original's. */
+	if (!is_sibling(l, cr.pid) || h.pid <= 0)
+		h.pid = cr.pid;
+	if (l->npend == l->cap) {
+		int nc = l->cap ? l->cap * 2 : 16;
+		struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
+		if (!np) {
+			sys_close(memfd);
+			return -1;
+		}
+		l->pend = np;
+		l->cap = nc;
+	}
+	l->pend[l->npend].h = h;
+	l->pend[l->npend].memfd = memfd;
+	l->pend[l->npend].rx_ns = sdp_now_ns();
+	l->npend++;
+	return 1;
 }
 
 /* Send a hello with its memfd on a fresh connection to a rendezvous name.
@@ -277,56 +376,39 @@ static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 	       !memcmp(h->dst_addr, lk->addr, lk->family == AF_INET ? 4 : 16);
 }
 
-/* Take queued hellos into l->pend; with want, stop at its hello. */
+/* Take queued hellos into l->pend; with lk, stop at its hello. Nothing
+ * here blocks: a rendezvous connection that has not sent its hello yet is
+ * kept aside (a real client sends before its TCP connect, so a connection
+ * we are matching always has its hello queued already) and dropped after a
+ * second, or when too many wait. */
 static void drain_queue(struct sdp_listener *l, const struct key *lk,
 			const struct key *pk)
 {
+	uint64_t now = sdp_now_ns();
+	for (int i = l->nsilent - 1; i >= 0; i--) {
+		int r = take_hello(l, l->silent[i].fd);
+		if (r == 0 && now - l->silent[i].since_ns < 1000000000ull)
+			continue;
+		sys_close(l->silent[i].fd);
+		l->silent[i] = l->silent[--l->nsilent];
+	}
 	for (;;) {
-		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC);
+		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (s < 0)
 			return;
-		struct ucred cr;
-		socklen_t cl = sizeof cr;
-		struct sdp_hello h;
-		union { struct cmsghdr c; char buf[CMSG_SPACE(sizeof(int))]; } u;
-		struct iovec iov = { &h, sizeof h };
-		struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
-				    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
-		/* The client sent before connecting its TCP socket, and the
-		 * message is complete once its connect() on this socket
-		 * returned: a blocking read cannot wait long. */
-		ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC);
-		int memfd = -1;
-		struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL;
-		if (cm && cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_RIGHTS &&
-		    cm->cmsg_len == CMSG_LEN(sizeof(int)))
-			memcpy(&memfd, CMSG_DATA(cm), sizeof memfd);
-		bool ok = n == (ssize_t)sizeof h && memfd >= 0 &&
-			  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-			  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
-			  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
-			  cr.uid == l->uid;
-		sys_close(s);
-		if (!ok) {
-			if (memfd >= 0)
-				sys_close(memfd);
-			sdp_log(2, "rendezvous: dropped a malformed or foreign hello");
+		int r = take_hello(l, s);
+		if (r == 0) {
+			if (l->nsilent == SILENT_MAX) {
+				sys_close(l->silent[0].fd);
+				l->silent[0] = l->silent[--l->nsilent];
+			}
+			l->silent[l->nsilent].fd = s;
+			l->silent[l->nsilent].since_ns = now;
+			l->nsilent++;
 			continue;
 		}
-		if (l->npend == l->cap) {
-			int nc = l->cap ? l->cap * 2 : 16;
-			struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
-			if (!np) {
-				sys_close(memfd);
-				continue;
-			}
-			l->pend = np;
-			l->cap = nc;
-		}
-		l->pend[l->npend].h = h;
-		l->pend[l->npend].memfd = memfd;
-		l->npend++;
-		if (lk && hello_matches(&h, lk, pk))
+		sys_close(s);
+		if (r > 0 && lk && hello_matches(&l->pend[l->npend - 1].h, lk, pk))
 			return;
 	}
 }
@@ -339,7 +421,7 @@ static void drop_pending(struct sdp_listener *l, int i)
 
 static bool pending_stale(const struct pending *p, uint64_t now)
 {
-	if (now > p->h.time_ns && now - p->h.time_ns > HELLO_STALE_NS)
+	if (now - p->rx_ns > HELLO_STALE_NS)
 		return true;
 	return kill(p->h.pid, 0) < 0 && errno == ESRCH;
 }
@@ -367,7 +449,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	for (int i = 0; i < l->npend; i++) {
 		const struct sdp_hello *h = &l->pend[i].h;
 		if (hello_matches(h, &lk, &pk) &&
-		    (best < 0 || h->time_ns > l->pend[best].h.time_ns))
+		    (best < 0 || l->pend[i].rx_ns >= l->pend[best].rx_ns))
 			best = i;
 	}
 	struct pending mine = { .memfd = -1 };
@@ -408,6 +490,10 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 		return NULL;
 	}
 	c->ep.peer_pid = mine.h.pid;
+	c->peer_pid = mine.h.pid;
+	/* Clients verified the pid that created the listener: only that
+	 * process can prove itself as the source of zero-copy buffers. */
+	c->zc_pid = atomic_load(&l->sh->pids[0]) == (int32_t)sdp_pid ? (int32_t)sdp_pid : 0;
 	c->role = 1;
 	c->transport = 1;
 	c->local = la;
@@ -469,6 +555,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		return NULL;
 	}
 	atomic_store(&hint[hslot], ((uint32_t)ntohs(dk.port) << 16) | (uint32_t)found);
+	pid_t listener_pid = cr.pid;
 	struct sdp_conn *c = NULL;
 	int memfd = -1;
 
@@ -524,6 +611,8 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	}
 	sys_close(memfd);
 	sys_close(rv);
+	c->peer_pid = (int32_t)listener_pid;
+	c->zc_pid = (int32_t)sdp_pid;         /* the server saw our pid */
 	c->role = 2;
 	c->transport = 1;
 	c->local = la;

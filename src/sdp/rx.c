@@ -27,6 +27,11 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 	const void *msg;
 	size_t cap;
 	int r = ep->ops->rx_peek(ep, idx, &msg, &cap);
+	if (r == -EPROTO || (r == -EAGAIN && !shm_peer_sane(ep))) {
+		sdp_log(1, "peer control block makes no sense: connection aborted");
+		sdp_conn_abort(c, ECONNRESET);
+		return -ECONNRESET;
+	}
 	if (r)
 		return r;
 	memcpy(h, msg, sizeof *h);
@@ -90,6 +95,8 @@ static void iov_scatter(const struct iovec *iov, int n, size_t off,
  * -errno = error, 1 = nothing known (wait). */
 static int rx_end_state(struct sdp_conn *c)
 {
+	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
+		sdp_conn_abort(c, ECONNRESET);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
 	int e = atomic_exchange(&c->so_error, 0);
@@ -149,9 +156,11 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	struct sdp_srcavail sa;
 	memcpy(&sa, pl, sizeof sa);
 	*whole = false;
+	/* The key must be the process the kernel named as our peer: never
+	 * let a peer point our reads at another process, or at ourselves. */
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
-	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr || sa.key <= 0 ||
-	    off > sa.len) {
+	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
+	    sa.key != c->peer_pid || sa.key <= 0 || off > sa.len) {
 		sdp_log(1, "malformed SrcAvail (id %u len %u): connection aborted",
 			sa.id, sa.len);
 		sdp_conn_abort(c, ECONNRESET);
@@ -230,6 +239,8 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (iov_slice(iov, iovcnt, copied, room, &v, 1) != 1)
 		return false;
 	struct sdp_zctl *z = shm_zc_me(ep);
+	if (c->zc_pid != (int32_t)sdp_pid)
+		return false;
 	z->sink_addr = (uint64_t)(uintptr_t)v.iov_base;
 	z->sink_len = v.iov_len > (1u << 30) ? (1u << 30) : (uint32_t)v.iov_len;
 	z->sink_pos = c->rx_stream;
@@ -515,6 +526,8 @@ unsigned sdp_events(struct sdp_conn *c)
 {
 	struct fab_ep *ep = &c->ep;
 	unsigned ev = 0;
+	if (!sdp_is_reset(c) && !shm_peer_sane(ep))
+		sdp_conn_abort(c, ECONNRESET);
 	if (sdp_is_reset(c))
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
 		       (atomic_load(&c->err_reported) ? 0 : POLLERR);

@@ -32,6 +32,10 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	    atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
 	    shm_peer_abort(ep) || sdp_fallback_pending(c))
 		return true;
+	if (!shm_peer_sane(ep)) {
+		sdp_conn_abort(c, ECONNRESET);
+		return true;
+	}
 	if ((what & FAB_WAIT_RX) &&
 	    (ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep)))
 		return true;

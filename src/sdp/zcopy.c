@@ -61,9 +61,13 @@ void zc_attach(struct sdp_conn *c)
 static int cma_probe(struct sdp_conn *c)
 {
 	struct sdp_zctl *pz = shm_zc_peer(&c->ep);
-	pid_t pid = atomic_load(&pz->pid);
+	/* Only the process the kernel named as our peer: the pid written in
+	 * shared memory is the peer's claim and could name anyone (us). */
+	pid_t pid = c->peer_pid;
 	uint64_t addr = pz->probe_addr;
-	if (pid <= 0 || !addr)
+	if (pid <= 0 || atomic_load(&pz->pid) != pid)
+		return -EPERM;                /* not provably our peer: no CMA */
+	if (!addr)
 		return 0;                     /* peer not attached yet: ask later */
 	uint64_t theirs = 0, ours;
 	memcpy(&ours, c->ep.base, sizeof ours);
@@ -83,6 +87,10 @@ bool zc_usable(struct sdp_conn *c, size_t len, bool nonblock)
 	uint32_t th = atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed);
 	if (!th || nonblock || len < th)
 		return false;
+	/* Only the process the peer verified may hand out its buffers
+	 * (a forked child or a pre-fork worker falls back to Buffer Copy). */
+	if (c->zc_pid != (int32_t)sdp_pid)
+		return false;
 	int v = atomic_load(&c->cma);
 	if (v == 0) {
 		v = cma_probe(c);
@@ -101,8 +109,9 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	struct sdp_zctl *pz = shm_zc_peer(ep);
 	uint32_t st = SDP_SINK_OFFERED;
 	if (atomic_load(&pz->sink_state) != SDP_SINK_OFFERED ||
-	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0)
-		return 0;
+	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0 ||
+	    atomic_load(&pz->pid) != c->peer_pid)
+		return 0;                     /* only into the verified peer */
 	uint32_t id = atomic_load(&pz->sink_id);
 	if (!atomic_compare_exchange_strong(&pz->sink_state, &st, SDP_SINK_TAKEN))
 		return 0;                     /* withdrawn meanwhile */
@@ -127,7 +136,7 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	}
 	n -= want;
 	struct iovec rv = { (void *)(uintptr_t)pz->sink_addr, n };
-	ssize_t w = process_vm_writev(atomic_load(&pz->pid), lv, (unsigned long)ln, &rv, 1, 0);
+	ssize_t w = process_vm_writev(c->peer_pid, lv, (unsigned long)ln, &rv, 1, 0);
 	if (w < 0) {
 		sdp_log(1, "Write ZCopy refused (%s): Buffer Copy from now on", strerror(errno));
 		atomic_store(&c->cma, -errno);

@@ -271,4 +271,25 @@ static void fork_count(int delta)
 }
 
 void fd_fork_prepare(void) { fork_count(+1); }
+
+void fd_fork_child(void)
+{
+	if (!tab)
+		return;
+	int hi = atomic_load(&hiwater);
+	struct sdp_listener *seen[64];
+	int nseen = 0;
+	for (int fd = 0; fd < hi; fd++) {
+		if (atomic_load(&tab[fd].kind) != FDK_LISTEN || !tab[fd].l)
+			continue;
+		bool dup = false;
+		for (int j = 0; j < nseen; j++)
+			dup |= seen[j] == tab[fd].l;
+		if (dup)
+			continue;
+		if (nseen < 64)
+			seen[nseen++] = tab[fd].l;
+		sdp_listener_child(tab[fd].l);
+	}
+}
 void fd_fork_failed(void) { fork_count(-1); }
