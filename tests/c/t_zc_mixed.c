@@ -6,7 +6,9 @@
  * them and the next recv returns the same bytes; receives smaller than the
  * advertisement (at and below the threshold) and readv into several
  * iovecs take it piece by piece; a receiver blocked in recv with nothing
- * queued gets the sender's bytes by Write ZCopy. All byte-exact; in sdp
+ * queued gets the sender's bytes by Write ZCopy; a large blocking send
+ * queued behind a stream filled with small nonblocking sends (until
+ * EAGAIN) waits for the reader and keeps its place. All byte-exact; in sdp
  * mode the counters say which path ran and add up on both ends.
  */
 #include "testlib.h"
@@ -434,6 +436,56 @@ static void write_zcopy(size_t rlen, int flags, int nsends, size_t slen,
 	SYS(close(s));
 }
 
+/* ---- F: a large send behind a full stream of small ones ------------------ */
+
+struct one { int fd; const uint8_t *p; size_t len; ssize_t ret; int err; };
+static void *one_send(void *arg)
+{
+	struct one *o = arg;
+	errno = 0;
+	o->ret = send(o->fd, o->p, o->len, MSG_NOSIGNAL);
+	o->err = errno;
+	return NULL;
+}
+
+static void behind_full(void)
+{
+	int c, s;
+	static uint8_t small[1000], big[MiB];
+	zpair(&c, &s, T);
+	/* small nonblocking sends until the stream is full */
+	uint64_t queued = 0;
+	for (;;) {
+		tl_fill(small, sizeof small, queued, 7);
+		ssize_t n = send(c, small, sizeof small, MSG_DONTWAIT);
+		if (n < 0) {
+			CHECK_EQ(errno, EAGAIN);
+			break;
+		}
+		queued += (uint64_t)n;
+	}
+	/* then one large blocking send; the reader starts later */
+	tl_fill(big, sizeof big, queued, 7);
+	struct one o = { c, big, sizeof big, 0, 0 };
+	pthread_t th;
+	CHECK_EQ(pthread_create(&th, NULL, one_send, &o), 0);
+	tl_idle_ms(50);
+	tl_recv_pat(s, 0, queued + sizeof big, 7, 65536);
+	CHECK_EQ(pthread_join(th, NULL), 0);
+	CHECK(o.ret == (ssize_t)sizeof big, "large send behind %llu queued "
+	      "bytes -> %zd errno %d (%s)", (unsigned long long)queued, o.ret,
+	      o.err, strerror(o.err));
+	struct zc zcl = zc_get(c), zs = zc_get(s);
+	zc_print("behind a full stream", zs);
+	if (tl_sdp_mode()) {
+		CHECK_EQ(zcl.tx, queued + sizeof big);
+		zc_match(zcl, zs);
+		CHECK(zcl.txr + zcl.txw > 0);
+	}
+	SYS(close(c));
+	SYS(close(s));
+}
+
 int main(void)
 {
 	tl_watchdog(20);
@@ -454,5 +506,6 @@ int main(void)
 	write_zcopy(512 * 1024, 0, 1, MiB, "blocked recv 512K, send 1M");
 	write_zcopy(MiB, MSG_WAITALL, 4, 256 * 1024,
 		    "blocked waitall, 4 sends");
+	behind_full();
 	return 0;
 }
