@@ -99,7 +99,8 @@ struct sdp_conn {
 	int32_t  zc_pid;               /* the process the peer verified for us:
 					* only it may advertise or offer (0 none) */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
-	uint8_t  pad1[3];
+	uint8_t  mode_msg;             /* a ModeChange is still to be posted */
+	uint8_t  pad1[2];
 
 	pthread_mutex_t tx_lock;       /* robust, process-shared */
 	pthread_mutex_t rx_lock;
@@ -157,8 +158,9 @@ bool    sdp_take_reset(struct sdp_conn *c);
 #define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */
 void    zc_attach(struct sdp_conn *c);               /* publish pid, probe addr */
 bool    zc_usable(struct sdp_conn *c, size_t len, bool nonblock);
+void    zc_probe(struct sdp_conn *c);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
-		size_t off, size_t len);
+		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
 const char *zc_mode_name(int mode);
 uint32_t sdp_zcopy_auto(void);                /* calib.c */

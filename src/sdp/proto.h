@@ -138,7 +138,8 @@ struct sdp_modechange {
  *
  *  off len field       message / meaning
  *   0   4  rd_done     RdmaRdCompl: last SrcAvail id fully read or cancelled
- *   4   4  cancel_id   SrcAvailCancel: SrcAvails with id >= this are revoked
+ *   4   4  cancel_id   SrcAvailCancel: nonzero once a cancel was made; every
+ *                      unread SrcAvail with id <= cancel_last is revoked
  *   8   8  rd_bytes    RdmaRdCompl: bytes read from the peer's SrcAvails, total
  *  16   4  cancel_ack  SrcAvailCancel acknowledged: the peer's cancel_id done
  *  20   4  sink_state  SinkAvail: 0 none, 1 offered, 2 taken (being written),
@@ -148,11 +149,17 @@ struct sdp_modechange {
  *  32   8  sink_addr   buffer address in the sink process
  *  40   8  sink_pos    stream bytes the sink had consumed when it offered
  *  48   4  pid         our process (CMA key for SinkAvail, probe target)
- *  52   4  adv_max     SrcAvails we accept outstanding (Pipelined depth)
+ *  52   4  adv_max     SrcAvails we accept outstanding (Pipelined depth);
+ *                      0 once we know we cannot read the peer
  *  56   4  mode        our send half's mode (enum sdp_mode)
- *  60   4  reserved
+ *  60   4  cancel_last highest revoked SrcAvail id (only grows)
  *  64   8  probe_addr  address of this region in our process (CMA probe)
- *  72  56  reserved
+ *  72   4  reading     SrcAvail id we are reading right now (0 none): a
+ *                      cancel needs no answer while this is not in range
+ *  76   4  refused     nonzero: the kernel refused us reading the peer; it
+ *                      revokes its SrcAvails and sends by Buffer Copy (the
+ *                      sink's request for Buffered mode)
+ *  80  48  reserved
  */
 struct sdp_zctl {
 	_Atomic uint32_t rd_done;
@@ -165,11 +172,13 @@ struct sdp_zctl {
 	uint64_t sink_addr;
 	uint64_t sink_pos;
 	_Atomic int32_t pid;
-	uint32_t adv_max;
+	_Atomic uint32_t adv_max;
 	_Atomic uint32_t mode;
 	uint32_t reserved0;
 	uint64_t probe_addr;
-	char reserved[56];
+	_Atomic uint32_t reading;
+	_Atomic uint32_t refused;
+	char reserved[48];
 };
 _Static_assert(sizeof(struct sdp_zctl) == 128, "zero-copy control words are 128 bytes");
 

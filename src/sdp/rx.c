@@ -166,8 +166,16 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
+	/* Mark the read before looking for a cancel (the source looks the
+	 * other way round), so a cancel never races a read. */
+	atomic_store(&z->reading, sa.id);
+	/* Revoked ranges always run from the first unfinished advertisement
+	 * to the last posted, so every id up to the highest revoked one that
+	 * is still unread (it is here, at the head) is revoked: a later cancel
+	 * must not bring an earlier revoked buffer back to life. */
 	uint32_t cid = atomic_load(&pz->cancel_id), clast = pz->reserved0;
-	if (cid && sa.id >= cid && sa.id <= clast) {
+	if (cid && sa.id <= clast) {
+		atomic_store(&z->reading, 0);
 		*whole = true;                /* revoked: skip it */
 		if (!peek) {
 			c->rx_src_id = sa.id;
@@ -178,8 +186,10 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	size_t n = sa.len - off;
 	if (n > room)
 		n = room;
-	if (n == 0)
+	if (n == 0) {
+		atomic_store(&z->reading, 0);
 		return 0;
+	}
 	ssize_t got;
 	if (bounce) {
 		/* Below the threshold: read into our buffer, then copy. */
@@ -208,8 +218,21 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		struct iovec r = { (void *)(uintptr_t)(sa.addr + off), n };
 		got = process_vm_readv(sa.key, lv, (unsigned long)ln, &r, 1, 0);
 	}
+	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek) {
+		/* The kernel will not let us read the source: refuse; it
+		 * revokes its SrcAvails and sends by Buffer Copy instead. */
+		atomic_store(&z->reading, 0);
+		atomic_store(&z->adv_max, 0);
+		atomic_store(&c->cma, -errno);
+		atomic_store(&z->refused, 1);
+		ep->ops->kick(ep, fd, FAB_WAIT_ZC | FAB_WAIT_CREDIT);
+		sdp_log(1, "RDMA Read refused (%s): Buffer Copy from now on",
+			strerror(errno));
+		return -EAGAIN;
+	}
 	if (got != (ssize_t)n) {
 failed:
+		atomic_store(&z->reading, 0);
 		sdp_log(1, "RDMA Read of SrcAvail %u failed (%s): connection aborted",
 			sa.id, got < 0 ? strerror(errno) : "short read");
 		sdp_conn_abort(c, ECONNRESET);
@@ -223,10 +246,12 @@ failed:
 			atomic_store(&z->rd_done, sa.id);
 		}
 		c->st.rx_rzcopy_bytes += n;
-		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 	} else if (off + n == sa.len) {
 		*whole = true;
 	}
+	atomic_store(&z->reading, 0);         /* after rd_bytes is published */
+	if (!peek)
+		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 	return (ssize_t)n;
 }
 
@@ -239,8 +264,9 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (iov_slice(iov, iovcnt, copied, room, &v, 1) != 1)
 		return false;
 	struct sdp_zctl *z = shm_zc_me(ep);
-	if (c->zc_pid != (int32_t)sdp_pid)
-		return false;
+	if (c->zc_pid != (int32_t)sdp_pid || atomic_load(&z->adv_max) == 0 ||
+	    v.iov_len < atomic_load(&c->zcopy_thresh))
+		return false;                 /* the peer may not write into us */
 	z->sink_addr = (uint64_t)(uintptr_t)v.iov_base;
 	z->sink_len = v.iov_len > (1u << 30) ? (1u << 30) : (uint32_t)v.iov_len;
 	z->sink_pos = c->rx_stream;
@@ -288,6 +314,8 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	int r = sdp_lock(&c->rx_lock);
 	if (r)
 		return r;
+	if (atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed))
+		zc_probe(c);                  /* so that the peer may advertise */
 	size_t copied = 0;
 	r = 0;
 	/* SO_RCVLOWAT: a blocking recv returns once this much is copied. */
@@ -375,6 +403,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				bool whole;
 				ssize_t n = rx_srcavail(c, fd, pl, off, iov, iovcnt, copied,
 							total - copied, peek, bounce, &whole);
+				if (n == -EAGAIN) {
+					r = -EAGAIN;  /* refused: wait for the revocation */
+					break;
+				}
 				if (n < 0) {
 					r = (int)n;
 					break;

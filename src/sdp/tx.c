@@ -129,25 +129,52 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		return r == 1 ? (ssize_t)total : r;
 	}
 	zc_ack_cancel(c, fd);
+	if (atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed))
+		zc_probe(c);
 	size_t payload = ep->slot_size - sizeof(struct sdp_bsdh);
 	size_t done = 0;
 	if (zc_usable(c, total, nonblock)) {
-		ssize_t z = zc_send(c, fd, iov, iovcnt, 0, total);
+		bool go_bcopy;
+		ssize_t z = zc_send(c, fd, iov, iovcnt, 0, total, &go_bcopy);
 		if (z < 0) {
 			sdp_unlock(&c->tx_lock);
 			return z;
 		}
-		done = (size_t)z;
-		c->st.tx_bytes += done;
-		sdp_unlock(&c->tx_lock);
-		sdp_proc_bytes(done, 0);
-		return (ssize_t)done;
+		/* 0: neither zero-copy path was open: Buffer Copy below.
+		 * Less than asked: interrupted, return that (as TCP);
+		 * refused by the reader: the rest by Buffer Copy below. */
+		if (go_bcopy)
+			done = (size_t)z;
+		else if (z > 0) {
+			done = (size_t)z;
+			c->st.tx_bytes += done;
+			sdp_unlock(&c->tx_lock);
+			sdp_proc_bytes(done, 0);
+			return (ssize_t)done;
+		}
 	}
 	while (done < total) {
 		if (ep->ops->credits(ep) == 0) {
 			if (nonblock) {
 				r = -EAGAIN;
 				break;
+			}
+			/* The ring is full: if the reader can now read us, the
+			 * rest of a large send goes by zero copy. */
+			if (zc_usable(c, total - done, false)) {
+				bool go_bcopy;
+				ssize_t z = zc_send(c, fd, iov, iovcnt, done, total - done,
+						    &go_bcopy);
+				if (z < 0) {
+					r = (int)z;
+					break;
+				}
+				if (z > 0 || go_bcopy) {
+					done += (size_t)z;
+					if (done < total && !go_bcopy)
+						break;    /* interrupted: partial */
+					continue;
+				}
 			}
 			r = sdp_wait(c, fd, FAB_WAIT_CREDIT, false, &c->tx_lock);
 			if (!r)
@@ -166,9 +193,9 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		sdp_post_msg(c, fd, SDP_MID_DATA, iov, iovcnt, done, n);
 		done += n;
 		c->tx_stream += n;
+		c->st.tx_bcopy_bytes += n;
 	}
 	c->st.tx_bytes += done;
-	c->st.tx_bcopy_bytes += done;
 	c->st.credits = ep->ops->credits(ep);
 	sdp_unlock(&c->tx_lock);
 	sdp_proc_bytes(done, 0);

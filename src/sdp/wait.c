@@ -121,7 +121,11 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
 static int sleep_on_fd(struct sdp_conn *c, int fd, bool use_rcvtimeo,
 		       uint64_t deadline)
 {
-	if (use_rcvtimeo) {
+	/* A send without SO_SNDTIMEO sleeps the same restartable way (only
+	 * tokens arrive on the socket); the socket's SO_RCVTIMEO expiring
+	 * then just means "sleep again". */
+	bool send_untimed = !use_rcvtimeo && !deadline;
+	if (use_rcvtimeo || send_untimed) {
 		/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN.
 		 * Peek: only announced tokens may be consumed (drain). */
 		unsigned char b;
@@ -134,6 +138,8 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, bool use_rcvtimeo,
 			note_wakeup_result(c, 1);
 			return 0;
 		}
+		if (errno == EAGAIN && send_untimed)
+			return 0;
 		if (errno == EAGAIN || errno == EINTR)
 			return -errno;
 		note_wakeup_result(c, -errno);

@@ -53,7 +53,9 @@ void zc_attach(struct sdp_conn *c)
 	struct sdp_zctl *z = shm_zc_me(&c->ep);
 	atomic_store(&z->pid, (int32_t)sdp_pid);
 	z->probe_addr = (uint64_t)(uintptr_t)c->ep.base;
-	z->adv_max = sdp_tun.zcopy_depth;
+	/* Optimistic: if the kernel refuses a read later, we refuse that
+	 * SrcAvail and the source falls back to Buffer Copy. */
+	atomic_store(&z->adv_max, sdp_tun.zcopy_depth);
 	atomic_store(&z->mode, SDP_MODE_BUFFERED);
 }
 
@@ -65,10 +67,11 @@ static int cma_probe(struct sdp_conn *c)
 	 * shared memory is the peer's claim and could name anyone (us). */
 	pid_t pid = c->peer_pid;
 	uint64_t addr = pz->probe_addr;
-	if (pid <= 0 || atomic_load(&pz->pid) != pid)
-		return -EPERM;                /* not provably our peer: no CMA */
-	if (!addr)
+	pid_t claimed = atomic_load(&pz->pid);
+	if (!claimed || !addr)
 		return 0;                     /* peer not attached yet: ask later */
+	if (pid <= 0 || claimed != pid)
+		return -EPERM;                /* not provably our peer: no CMA */
 	uint64_t theirs = 0, ours;
 	memcpy(&ours, c->ep.base, sizeof ours);
 	struct iovec l = { &theirs, sizeof theirs };
@@ -82,6 +85,20 @@ static int cma_probe(struct sdp_conn *c)
 	return theirs == ours ? 1 : -EPROTO;
 }
 
+/* Probe once the peer is there; publish what we can do: adv_max > 0 tells
+ * the peer we can read its SrcAvails and that it may write into us. */
+void zc_probe(struct sdp_conn *c)
+{
+	if (atomic_load_explicit(&c->cma, memory_order_relaxed) != 0)
+		return;
+	int v = cma_probe(c);
+	if (!v)
+		return;
+	atomic_store(&c->cma, v);
+	if (v < 0)
+		atomic_store(&shm_zc_me(&c->ep)->adv_max, 0);
+}
+
 bool zc_usable(struct sdp_conn *c, size_t len, bool nonblock)
 {
 	uint32_t th = atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed);
@@ -91,13 +108,11 @@ bool zc_usable(struct sdp_conn *c, size_t len, bool nonblock)
 	 * (a forked child or a pre-fork worker falls back to Buffer Copy). */
 	if (c->zc_pid != (int32_t)sdp_pid)
 		return false;
-	int v = atomic_load(&c->cma);
-	if (v == 0) {
-		v = cma_probe(c);
-		if (v)
-			atomic_store(&c->cma, v);
-	}
-	return v > 0;
+	zc_probe(c);
+	/* Usable if we can write into the peer (Write ZCopy) or it can read
+	 * us (Read ZCopy, its adv_max). */
+	return atomic_load(&c->cma) > 0 ||
+	       atomic_load(&shm_zc_peer(&c->ep)->adv_max) > 0;
 }
 
 /* ---- source: Write ZCopy into an offered sink buffer ----------------------- */
@@ -108,7 +123,8 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	struct fab_ep *ep = &c->ep;
 	struct sdp_zctl *pz = shm_zc_peer(ep);
 	uint32_t st = SDP_SINK_OFFERED;
-	if (atomic_load(&pz->sink_state) != SDP_SINK_OFFERED ||
+	if (atomic_load(&c->cma) <= 0 ||
+	    atomic_load(&pz->sink_state) != SDP_SINK_OFFERED ||
 	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0 ||
 	    atomic_load(&pz->pid) != c->peer_pid)
 		return 0;                     /* only into the verified peer */
@@ -152,15 +168,23 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 
 /* ---- source: Read ZCopy ------------------------------------------------------ */
 
-static void set_mode(struct sdp_conn *c, int fd, int mode)
+/* Our half's mode; the ModeChange message is posted (with a credit of its
+ * own) before the next SrcAvail: see post_mode. */
+static void set_mode(struct sdp_conn *c, int mode)
 {
 	if (c->mode == mode)
 		return;
 	c->mode = (uint8_t)mode;
 	atomic_store(&shm_zc_me(&c->ep)->mode, (uint32_t)mode);
-	struct sdp_modechange m = { .mode = (uint32_t)mode };
+	c->mode_msg = 1;
+}
+
+static void post_mode(struct sdp_conn *c, int fd)
+{
+	struct sdp_modechange m = { .mode = c->mode };
 	struct iovec v = { &m, sizeof m };
 	sdp_post_msg(c, fd, SDP_MID_MODE_CHANGE, &v, 1, 0, sizeof m);
+	c->mode_msg = 0;
 }
 
 /* Revoke advertisements first..last; wait (bounded) for the sink's ack.
@@ -169,11 +193,18 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 {
 	struct fab_ep *ep = &c->ep;
 	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
-	z->reserved0 = last;                  /* cancel_last */
-	atomic_store(&z->cancel_id, first);
+	if (last > z->reserved0)
+		z->reserved0 = last;          /* cancel_last: only grows */
+	atomic_store(&z->cancel_id, first);   /* seq_cst: before reading "reading" */
 	ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
 	uint64_t deadline = sdp_now_ns() + SDP_CANCEL_WAIT_MS * 1000000ull;
 	while (atomic_load(&pz->cancel_ack) != first) {
+		/* The sink marks the SrcAvail it reads before checking for a
+		 * cancel (and clears it after publishing rd_bytes): if none of
+		 * ours is being read, it never will be, and rd_bytes is final. */
+		uint32_t rd = atomic_load(&pz->reading);
+		if (rd == 0 || rd < first || rd > last)
+			return 0;
 		if (atomic_load(&pz->rd_done) >= last)
 			return 0;                 /* all read before the cancel landed */
 		if (sdp_is_reset(c) || atomic_load(&c->peer_gone))
@@ -193,8 +224,9 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 }
 
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
-		size_t off, size_t len)
+		size_t off, size_t len, bool *go_bcopy)
 {
+	*go_bcopy = false;
 	struct fab_ep *ep = &c->ep;
 	struct sdp_zctl *pz = shm_zc_peer(ep);
 	size_t done = 0;
@@ -207,12 +239,12 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 			return (ssize_t)done;
 	}
 
-	uint32_t depth = pz->adv_max;
+	uint32_t depth = atomic_load(&pz->adv_max);
 	if (depth == 0)
-		return (ssize_t)done;         /* the sink takes no SrcAvail: BCopy */
+		return (ssize_t)done;         /* the sink cannot read us: BCopy */
 	if (depth > sdp_tun.zcopy_depth)
 		depth = sdp_tun.zcopy_depth;
-	set_mode(c, fd, depth > 1 ? SDP_MODE_PIPELINED : SDP_MODE_COMBINED);
+	set_mode(c, depth > 1 ? SDP_MODE_PIPELINED : SDP_MODE_COMBINED);
 	size_t chunk = depth > 1 ? sdp_tun.zcopy_chunk : len;
 
 	/* Overlap: the last part goes by Buffer Copy behind the SrcAvails.
@@ -234,6 +266,10 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		/* Advertise while the pipeline and the credits allow. */
 		while (advertised < zlen && last_id - atomic_load(&pz->rd_done) < depth &&
 		       ep->ops->credits(ep) > 0) {
+			if (c->mode_msg) {
+				post_mode(c, fd);
+				continue;     /* re-check the credits */
+			}
 			/* One SrcAvail is contiguous: stay in one iovec element. */
 			size_t skip = off + advertised;
 			int i = 0;
@@ -277,6 +313,10 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		c->zc_spin_us = (uint32_t)((advertised - done) / 12000);
 		err = sdp_wait(c, fd, room ? FAB_WAIT_CREDIT : FAB_WAIT_ZC, false,
 			       &c->tx_lock);
+		if (!err && atomic_load(&pz->refused)) {
+			err = -EACCES;            /* the sink cannot read us */
+			break;
+		}
 		if (!err && sdp_fallback_pending(c))
 			err = -SDP_EFALLBACK;
 		if (!err && (sdp_is_reset(c) || atomic_load(&c->peer_gone)))
@@ -295,6 +335,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	}
 	if (err && last_id >= first_id && atomic_load(&pz->rd_done) < last_id &&
 	    !sdp_is_reset(c) && !atomic_load(&c->peer_gone)) {
+		/* Interrupted, timed out or refused: revoke what was not read. */
 		/* Interrupted (signal, SO_SNDTIMEO): revoke what was not read. */
 		uint32_t from = atomic_load(&pz->rd_done) + 1;
 		if (from < first_id)
@@ -307,6 +348,13 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	c->st.tx_rzcopy_bytes += read_now;
 	if (!err)
 		return (ssize_t)len;
+	if (err == -EACCES) {
+		/* Refused: what was not read goes by Buffer Copy (caller). */
+		size_t sent = done + (size_t)read_now;
+		c->tx_stream -= (uint64_t)(advertised - sent);
+		*go_bcopy = true;
+		return (ssize_t)sent;
+	}
 	size_t sent = done + (size_t)read_now;
 	if (sent > advertised)
 		sent = advertised;
