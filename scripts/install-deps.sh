@@ -5,7 +5,7 @@ set -euo pipefail
 
 DEB_PKGS=(build-essential cmake pkg-config iproute2 ethtool procps psmisc
           iperf3 redis-server redis-tools nginx-light memcached libmemcached-tools
-          curl wrk sockperf netcat-openbsd python3)
+          curl wrk sockperf netcat-openbsd python3 valgrind)
 PY_MODS=(pytest matplotlib)
 
 missing=()
@@ -26,6 +26,13 @@ fi
 
 PY=${PYTHON:-python3}
 for m in "${PY_MODS[@]}"; do
-    "$PY" -c "import $m" 2>/dev/null || "$PY" -m pip install -q "$m"
+    "$PY" -c "import $m" 2>/dev/null && continue
+    if [ "$(command -v "$PY")" = /usr/bin/python3 ]; then
+        # Debian's own Python: its packages come from apt (pip is refused).
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "python3-$m" >/dev/null
+    else
+        "$PY" -m pip install -q "$m"
+    fi
 done
 exit 0

@@ -1,8 +1,10 @@
 /*
  * fabric.h - the provider contract between the SDP engine and a fabric.
  *
- * The engine (src/sdp/) never touches a transport directly. A provider gives
- * it, per connection endpoint:
+ * The engine (src/sdp/) moves messages and credits only through this table.
+ * (Zero copy, zcopy.c, calls Cross Memory Attach and the shm control words
+ * directly for now: a second provider will need rdma_read/rdma_write and
+ * a control-word operation here.) A provider gives it, per connection:
  *   - a reliable, ordered message channel in each direction made of a fixed
  *     number of receive buffers ("slots"); one posted message uses one of the
  *     peer's receive buffers, i.e. one credit;

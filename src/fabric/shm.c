@@ -41,6 +41,7 @@
 #define SHM_VERSION 2
 #define SHM_HDR_SIZE 4096u
 #define SHM_TOKEN_BYTE 0xDB
+#define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
 
 struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into our ring (TCP: snd_nxt) */
@@ -163,7 +164,7 @@ int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side)
 /* Tokens the peer announced that we have not consumed yet. */
 static uint64_t tokens_due(struct fab_ep *ep)
 {
-	uint64_t sent = atomic_load(&peer(ep)->tokens_sent);
+	uint64_t sent = atomic_load(&peer(ep)->tokens_sent) & ~TOKENS_FROZEN;
 	uint64_t got = atomic_load(&me(ep)->tokens_rcvd);
 	return sent > got ? sent - got : 0;
 }
@@ -211,7 +212,8 @@ bool shm_peer_sane(struct fab_ep *ep)
 		return false;             /* FIN after messages that do not exist */
 	if (atomic_load(&p->fb) > 1)
 		return false;
-	uint64_t ts = atomic_load(&p->tokens_sent), tr = atomic_load(&m->tokens_rcvd);
+	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
+	uint64_t tr = atomic_load(&m->tokens_rcvd);
 	if (ts < tr || ts - tr > (1u << 20))
 		return false;             /* wake-up tokens that cannot exist */
 	return true;
@@ -234,6 +236,7 @@ int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }
 void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 {
 	struct shm_side *m = me(ep);
+	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
 	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
 	m->fb_rx_off = rx_off;
 	atomic_store(&m->fb, 1);
@@ -358,17 +361,31 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 		return 0;
 	if (!(atomic_fetch_and(&p->armed, ~what) & what))
 		return 0;                     /* someone else kicked already */
-	if (atomic_load(&me(ep)->fb))
-		return 0;                     /* our token count is final */
 	static const unsigned char tok = SHM_TOKEN_BYTE;
-	/* Count first: the peer never reads more bytes than we announced, so
-	 * after a fallback it cannot eat application data. */
-	atomic_fetch_add(&me(ep)->tokens_sent, 1);
-	long r = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
-			 NULL, 0);
-	if (r < 0)
-		atomic_fetch_sub(&me(ep)->tokens_sent, 1);
-	return r < 0 ? -errno : 1;
+	/* Count first, and never once the count is final (TOKENS_FROZEN):
+	 * the peer reads exactly the announced number, so after a fallback no
+	 * token can land among application bytes. */
+	_Atomic uint64_t *ts = &me(ep)->tokens_sent;
+	uint64_t v = atomic_load(ts);
+	do {
+		if (v & TOKENS_FROZEN)
+			return 0;
+	} while (!atomic_compare_exchange_weak(ts, &v, v + 1));
+	for (;;) {
+		long r = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+				 NULL, 0);
+		if (r == 1)
+			return 1;
+		if (r < 0 && errno == EINTR)
+			continue;
+		/* Counted but not sent (socket gone or full): the count must
+		 * stay true, so take it back only if it is not final yet. */
+		uint64_t w = atomic_load(ts);
+		while (!(w & TOKENS_FROZEN) &&
+		       !atomic_compare_exchange_weak(ts, &w, w - 1))
+			;
+		return -errno;
+	}
 }
 
 static int shm_drain(struct fab_ep *ep, int wfd)

@@ -137,7 +137,8 @@ uint32_t sdp_zcopy_auto(void)
 	char path[512], key[256], line[512];
 	cache_path(path, sizeof path);
 	host_key(key, sizeof key);
-	FILE *f = fopen(path, "re");
+	int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+	FILE *f = rfd >= 0 ? fdopen(rfd, "r") : NULL;
 	if (f) {
 		unsigned long th;
 		char k[300];
@@ -158,11 +159,17 @@ uint32_t sdp_zcopy_auto(void)
 	}
 	char tmp[600];
 	snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
-	f = fopen(tmp, "we");
-	if (f) {
-		fprintf(f, "%u %s\n", th, key);
-		fclose(f);
-		rename(tmp, path);
+	/* Never follow a link someone planted (the cache may be in /tmp). */
+	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0) {
+		char out[400];
+		int n = snprintf(out, sizeof out, "%u %s\n", th, key);
+		bool ok = n > 0 && write(fd, out, (size_t)n) == n;
+		close(fd);
+		if (ok)
+			rename(tmp, path);
+		else
+			unlink(tmp);
 	}
 	sdp_log(1, "zero-copy threshold calibrated: %u%s (cached in %s)", th,
 		th ? " bytes" : " (never: Buffer Copy is as cheap here)", path);

@@ -164,6 +164,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
 const char *zc_mode_name(int mode);
 uint32_t sdp_zcopy_auto(void);                /* calib.c */
+uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` */
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
@@ -183,6 +184,7 @@ int  sdp_listener_open(int fd, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_child(struct sdp_listener *l);
+void sdp_listener_withdraw(struct sdp_listener *l);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
 struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello

@@ -220,6 +220,15 @@ void sdp_listener_close(struct sdp_listener *l)
 	free(l);
 }
 
+/* The listening socket is about to be accepted from by a process that
+ * cannot see our rendezvous (exec, SCM_RIGHTS): stop offering SDP on it for
+ * every process sharing it. shutdown() on the shared AF_UNIX listener makes
+ * every new rendezvous connect fail, so new clients stay on TCP. */
+void sdp_listener_withdraw(struct sdp_listener *l)
+{
+	sys_shutdown(l->rv, SHUT_RDWR);
+}
+
 void sdp_listener_fork(struct sdp_listener *l, int delta)
 {
 	if (delta > 0)
@@ -311,9 +320,8 @@ static int take_hello(struct sdp_listener *l, int s)
 	return 1;
 }
 
-/* Send a hello with its memfd on a fresh connection to a rendezvous name.
- * Returns 0 or -errno. If peer_uid is given, the rendezvous owner must be
- * that uid. */
+/* Send a hello with its memfd on a connected rendezvous socket s.
+ * Returns 0 or -errno. */
 static int hello_put(int s, const struct sdp_hello *h, int memfd)
 {
 	int r = 0;
@@ -371,9 +379,10 @@ static int hello_send(const struct sockaddr_un *name, socklen_t nl,
 static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 			  const struct key *pk)
 {
-	return h->family == lk->family && h->src_port == pk->port &&
-	       h->dst_port == lk->port &&
-	       !memcmp(h->dst_addr, lk->addr, lk->family == AF_INET ? 4 : 16);
+	size_t n = lk->family == AF_INET ? 4 : 16;
+	return h->family == lk->family && pk->family == lk->family &&
+	       h->src_port == pk->port && h->dst_port == lk->port &&
+	       !memcmp(h->dst_addr, lk->addr, n) && !memcmp(h->src_addr, pk->addr, n);
 }
 
 /* Take queued hellos into l->pend; with lk, stop at its hello. Nothing
@@ -491,6 +500,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	}
 	c->ep.peer_pid = mine.h.pid;
 	c->peer_pid = mine.h.pid;
+	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
 	/* Clients verified the pid that created the listener: only that
 	 * process can prove itself as the source of zero-copy buffers. */
 	c->zc_pid = atomic_load(&l->sh->pids[0]) == (int32_t)sdp_pid ? (int32_t)sdp_pid : 0;
@@ -567,16 +577,36 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	struct key lk;
 	if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
 		goto fail;
-	if (lk.port == 0) {
-		union sdp_addr any;
-		memset(&any, 0, sizeof any);
-		any.sa.sa_family = la.sa.sa_family;
-		if (sys_bind(fd, &any, la.sa.sa_family == AF_INET ?
-			     sizeof any.in : sizeof any.in6) < 0)
+	/* The hello must name the whole 4-tuple, so our source address and
+	 * port must be fixed before connect. For a local destination the
+	 * kernel would take a local address: we take the destination itself
+	 * (always a local address here). Bound to the wildcard with a port
+	 * already: SDP cannot name it exactly, stay TCP. */
+	static const uint8_t zero[16];
+	bool any_addr = !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16);
+	if (lk.port == 0 && any_addr) {
+		union sdp_addr src;
+		memset(&src, 0, sizeof src);
+		src.sa.sa_family = la.sa.sa_family;
+		if (la.sa.sa_family == AF_INET && dk.family == AF_INET) {
+			memcpy(&src.in.sin_addr, dk.addr, 4);
+		} else if (la.sa.sa_family == AF_INET6 && dk.family == AF_INET6) {
+			memcpy(&src.in6.sin6_addr, dk.addr, 16);
+		} else if (la.sa.sa_family == AF_INET6 && dk.family == AF_INET) {
+			src.in6.sin6_addr.s6_addr[10] = 0xff;  /* v4-mapped */
+			src.in6.sin6_addr.s6_addr[11] = 0xff;
+			memcpy(&src.in6.sin6_addr.s6_addr[12], dk.addr, 4);
+		} else {
+			goto fail;
+		}
+		if (sys_bind(fd, &src, la.sa.sa_family == AF_INET ?
+			     sizeof src.in : sizeof src.in6) < 0)
 			goto fail;
 		ll = sizeof la;
 		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
 			goto fail;
+	} else if (lk.port == 0 || any_addr) {
+		goto fail;
 	}
 
 	struct sdp_hello h = {
@@ -591,6 +621,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		.time_ns = sdp_now_ns(),
 	};
 	memcpy(h.dst_addr, dk.addr, sizeof h.dst_addr);
+	memcpy(h.src_addr, lk.addr, sizeof h.src_addr);
 	/* Unique, not secret (the memfd itself is the capability). */
 	static _Atomic uint64_t seq;
 	h.token = (h.time_ns * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)sdp_pid << 40) ^
@@ -599,6 +630,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	c = sdp_conn_alloc();
 	if (!c)
 		goto fail;
+	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
 	memfd = shm_region_create(h.nslots, h.slot_size, h.token, &c->ep);
 	if (memfd < 0) {
 		sdp_conn_free(c);

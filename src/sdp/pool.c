@@ -143,12 +143,18 @@ static void resolve_auto(void)
 	__atomic_store_n(&sdp_tun.zcopy_auto, 0, __ATOMIC_RELEASE);
 }
 
+/* The `auto` zero-copy threshold, measured at the first SDP connection. */
+uint32_t sdp_zcopy_default(void)
+{
+	if (__atomic_load_n(&sdp_tun.zcopy_auto, __ATOMIC_ACQUIRE))
+		pthread_once(&auto_once, resolve_auto);
+	return sdp_tun.zcopy_thresh;
+}
+
 struct sdp_conn *sdp_conn_alloc(void)
 {
 	if (!pool)
 		return NULL;
-	if (__atomic_load_n(&sdp_tun.zcopy_auto, __ATOMIC_ACQUIRE))
-		pthread_once(&auto_once, resolve_auto);
 	uint32_t n = pool->nconns;
 	uint32_t start = atomic_fetch_add(&pool->hint, 1) % n;
 	for (uint32_t k = 0; k < n; k++) {
@@ -165,7 +171,7 @@ struct sdp_conn *sdp_conn_alloc(void)
 		c->created_ns = sdp_now_ns();
 		atomic_store(&c->nproc, 1);
 		atomic_store(&c->spin_us, sdp_tun.spin_us);
-		atomic_store(&c->zcopy_thresh, sdp_tun.zcopy_thresh);
+		atomic_store(&c->zcopy_thresh, 0);   /* SDP connections: hello.c */
 		atomic_store(&c->rcvlowat, 1);
 		mutex_init(&c->tx_lock);
 		mutex_init(&c->rx_lock);

@@ -60,7 +60,7 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
 /*
  * Hello: sent by the connecting side over the listener's rendezvous socket,
  * before its TCP connect, with the connection's memory (a memfd) attached
- * as SCM_RIGHTS. 64 bytes.
+ * as SCM_RIGHTS. 80 bytes. Names the whole TCP 4-tuple.
  *
  *  off len field       meaning
  *   0   4  magic       SDP_HELLO_MAGIC
@@ -73,8 +73,9 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
  *  32   4  slot_size   bytes per receive buffer
  *  36   4  pid         connecting process
  *  40   8  token       random; also stored in the shared region header
- *  48   8  time_ns     CLOCK_MONOTONIC at send (newest hello for a tuple wins)
+ *  48   8  time_ns     CLOCK_MONOTONIC at send (informational)
  *  56   8  reserved    zero
+ *  64  16  src_addr    connecting socket's local address (IPv4: first 4)
  */
 struct sdp_hello {
 	uint32_t magic;
@@ -89,11 +90,12 @@ struct sdp_hello {
 	uint64_t token;
 	uint64_t time_ns;
 	uint64_t reserved;
+	uint8_t  src_addr[16];
 };
-_Static_assert(sizeof(struct sdp_hello) == 64, "hello is 64 bytes");
+_Static_assert(sizeof(struct sdp_hello) == 80, "hello is 80 bytes");
 
 #define SDP_HELLO_MAGIC   0x53445048u   /* "SDPH" */
-#define SDP_PROTO_VERSION 2
+#define SDP_PROTO_VERSION 3
 
 /*
  * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a
@@ -132,7 +134,9 @@ struct sdp_modechange {
 
 /*
  * Zero-copy control words, 128 bytes, part of each side's control block
- * in the shared region (written only by that side, read by the peer). On
+ * in the shared region (written by that side and read by the peer; the one
+ * exception is sink_state, which the source moves from offered to taken
+ * with a compare-and-swap). On
  * this fabric they carry, as RDMA writes of a control word would, the
  * messages that refer to advertisements rather than to a stream position:
  *

@@ -69,6 +69,7 @@ static void rx_release(struct sdp_conn *c, int fd)
 	struct fab_ep *ep = &c->ep;
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
+	c->st.credits = ep->ops->credits(ep);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 
@@ -328,6 +329,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	uint32_t thresh = atomic_load(&c->zcopy_thresh);
 	bool bounce = !thresh || total < thresh;
 	while (copied < total || (total == 0 && !data_pending(c))) {
+		/* Our side froze for a fallback (maybe another thread): what
+		 * is still in the ring is re-sent by the peer on TCP. */
+		if (shm_my_fb(&c->ep) || atomic_load(&c->fb_done)) {
+			r = copied ? 0 : -SDP_EFALLBACK;
+			break;
+		}
 		ack_cancel_locked(c, fd);
 		uint32_t idx = 0, off = c->rx_off;
 		for (;;) {

@@ -6,12 +6,13 @@
  * arm the fabric wake-up, re-check, and sleep on the connection's TCP socket
  * until the peer's kick token arrives.
  *
- * With a single waiter, receive-side sleeps are a blocking recv() on the
- * TCP socket itself: the kernel then gives exactly TCP's behaviour for
- * SO_RCVTIMEO (EAGAIN), signals (EINTR, or transparent restart under
- * SA_RESTART) and peer death (FIN/RST). When several threads wait on one
- * connection a token may be consumed by the "wrong" waiter, so they sleep
- * in poll() slices instead and re-check.
+ * One waiter per connection, the watcher, sleeps on the TCP socket and is
+ * the only one that consumes wake-up tokens; other threads of the library
+ * sleep on the wake_gen futex, which every drain bumps. The watcher sleeps
+ * in a blocking recv(MSG_PEEK) on the socket: the kernel then gives exactly
+ * TCP's behaviour for SO_RCVTIMEO (EAGAIN), signals (EINTR, or transparent
+ * restart under SA_RESTART) and peer death (FIN/RST). A send with
+ * SO_SNDTIMEO sleeps in poll() with its deadline instead.
  */
 #include <errno.h>
 #include <limits.h>

@@ -7,11 +7,17 @@
  * else /etc/sdp.conf. With none, every connection uses SDP when the peer
  * supports it. Tunables: environment first, then `set` lines of the policy.
  *   SDP_SPIN_US       busy-poll before blocking (default 40)
- *   SDP_ZCOPY_THRESH  zero-copy threshold in bytes (0 = off)
+ *   SDP_ZCOPY_THRESH  zero-copy threshold in bytes, 0 = off, or auto
+ *                     (default: measured once per host, calib.c)
+ *   SDP_ZCOPY_CHUNK   bytes per SrcAvail in Pipelined mode (1 MiB)
+ *   SDP_ZCOPY_DEPTH   SrcAvails outstanding (4; 1 = Combined mode)
+ *   SDP_ZCOPY_TAIL    end of a large send sent by Buffer Copy (256 KiB)
  *   SDP_NSLOTS        receive buffers per direction (default 64)
  *   SDP_SLOT_SIZE     bytes per receive buffer (default 32768)
+ *   SDP_CALIB_FILE    where the measured threshold is cached
  *   SDP_LOG           0..3
  *   SDP_STATS_DIR     write per-process totals there at exit
+ *   SDP_POLICY_REPORTED  set by `sdp run`: bad policy lines already shown
  */
 #include <dlfcn.h>
 #include <errno.h>

@@ -198,6 +198,12 @@ void fd_before_exec(void)
 {
 	int hi = atomic_load(&hiwater);
 	for (int fd = 0; fd < hi; fd++) {
+		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
+			int fl = sys_fcntl(fd, F_GETFD, 0);
+			if (fl >= 0 && !(fl & FD_CLOEXEC))
+				sdp_listener_withdraw(tab[fd].l);
+			continue;
+		}
 		struct sdp_conn *c = tab[fd].c;
 		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
 			continue;

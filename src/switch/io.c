@@ -94,6 +94,9 @@ static void before_pass(const struct msghdr *m)
 			struct sdp_conn *c = fd_conn(fd);
 			if (c)
 				fd_fallback(fd, c);
+			struct fdent *e = fd_get(fd);
+			if (e && atomic_load(&e->kind) == FDK_LISTEN && e->l)
+				sdp_listener_withdraw(e->l);
 		}
 	}
 }

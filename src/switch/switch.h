@@ -99,7 +99,8 @@ static inline bool sdp_in_vfork_child(void) { return getpid() != sdp_pid; }
 enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l);
 extern const char *sdp_prog;
 
-/* real.c: the next definition of each interposed function (libc). */
+/* The next definition of each interposed function (libc), resolved in
+ * config.c. */
 #define REAL_FUNCS(X) \
 	X(int, socket, (int, int, int)) \
 	X(int, listen, (int, int)) \

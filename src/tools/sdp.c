@@ -483,7 +483,9 @@ static int cmd_check(int argc, char **argv)
 		snprintf(ck[n].why, sizeof ck[n].why, "Yama not enabled: no extra ptrace restriction");
 	else
 		snprintf(ck[n].why, sizeof ck[n].why, "kernel.yama.ptrace_scope=%d%s", scope,
-			 scope >= 2 ? ": Cross Memory Attach needs CAP_SYS_PTRACE" : "");
+			 scope >= 2 ? ": Cross Memory Attach needs CAP_SYS_PTRACE" :
+			 scope == 1 ? ": zero copy only towards descendant processes, "
+				      "others fall back to Buffer Copy" : "");
 	n++;
 
 	ck[n].name = "policy";
@@ -498,6 +500,10 @@ static int cmd_check(int argc, char **argv)
 		snprintf(ck[n].why, sizeof ck[n].why, "%s: %d rule(s)%s%.120s", path,
 			 sdp_policy_nrules(p), errs[0] ? "; " : "", errs);
 		sdp_policy_free(p);
+	} else if (getenv("SDP_CONFIG") && *getenv("SDP_CONFIG")) {
+		ck[n].ok = false;
+		snprintf(ck[n].why, sizeof ck[n].why, "%s: %s -> every socket stays TCP",
+			 path, strerror(-err));
 	} else {
 		ck[n].ok = true;
 		snprintf(ck[n].why, sizeof ck[n].why, "%s: %s -> SDP wherever the peer supports it",

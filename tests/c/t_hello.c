@@ -242,6 +242,7 @@ static struct sdp_hello mk_hello(uint16_t dport, uint16_t sport, uint64_t token)
 	};
 	uint32_t lo = htonl(INADDR_LOOPBACK);
 	memcpy(h.dst_addr, &lo, 4);
+	memcpy(h.src_addr, &lo, 4);          /* the whole 4-tuple, as a client */
 	return h;
 }
 
