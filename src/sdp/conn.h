@@ -64,7 +64,9 @@ struct sdp_conn {
 	_Atomic int64_t  rcvtimeo_us;  /* SO_RCVTIMEO, 0 = none (also on the socket) */
 	_Atomic uint32_t nonblock;     /* O_NONBLOCK of the open file (TCP: f_flags) */
 	_Atomic int64_t  sndtimeo_us;  /* SO_SNDTIMEO, 0 = none */
-	_Atomic uint32_t spin_us;      /* busy-poll before blocking */
+	_Atomic uint32_t spin_us;      /* busy-poll before blocking (the maximum) */
+	_Atomic uint32_t spin_cur;     /* adaptive budget now, <= spin_us */
+	_Atomic uint32_t spin_waits;   /* waits since the budget reached 0 */
 	_Atomic uint32_t zcopy_thresh; /* bytes; 0 = zero copy off */
 	_Atomic uint32_t rx_shut;      /* shutdown(SHUT_RD) done */
 	_Atomic uint32_t tx_shut;      /* shutdown(SHUT_WR) done (FIN sent) */
@@ -146,6 +148,12 @@ void    sdp_arm(struct sdp_conn *c, unsigned events);
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
 bool    sdp_watch(struct sdp_conn *c);     /* become the watcher, or false */
 void    sdp_unwatch(struct sdp_conn *c);
+/* Adaptive busy-polling (wait.c): spin_begin gives this wait's budget in
+ * microseconds; spin_end says whether spinning paid off. spin_until spins
+ * on cond until it holds or the budget is spent, yielding the CPU to other
+ * runnable processes as it goes. */
+uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max);
+void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit);
 /* Common wait used by tx and rx: spin, arm, sleep. */
 int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
 		 pthread_mutex_t *held);

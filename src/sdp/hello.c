@@ -511,8 +511,6 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	shm_set_pid(&c->ep, (int32_t)sdp_pid);
 	zc_attach(c);
 	shm_set_state(&c->ep, SHM_ST_ATTACHED);
-	if (atomic_load(&c->zcopy_thresh))
-		zc_probe(c);                  /* the client is there: probe now */
 	atomic_store(&c->state, SDP_ST_ESTABLISHED);
 	return c;
 }

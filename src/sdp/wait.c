@@ -15,6 +15,7 @@
  * SO_SNDTIMEO sleeps in poll() with its deadline instead.
  */
 #include <errno.h>
+#include <sched.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <poll.h>
@@ -78,6 +79,32 @@ bool sdp_take_reset(struct sdp_conn *c)
 
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
 			 bool use_rcvtimeo);
+
+/*
+ * Spinning pays when the peer answers within the budget; when it does not
+ * (the peer is slow, or more processes want the CPUs than there are), every
+ * spin is a CPU taken from someone who could make progress. So the budget
+ * adapts like an adaptive mutex: doubled after a spin that succeeded,
+ * halved after one that failed; at 0, one wait in 16 tries 2 us to notice
+ * that spinning pays again.
+ */
+uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max)
+{
+	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
+	if (b > max)
+		b = max;
+	if (b == 0 && max && (atomic_fetch_add_explicit(waits, 1, memory_order_relaxed) & 15) == 0)
+		b = max < 2 ? max : 2;
+	return b;
+}
+
+void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit)
+{
+	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
+	uint32_t nb = hit ? (b * 2 + 2 < max ? b * 2 + 2 : max) : b / 2;
+	if (nb != b)
+		atomic_store_explicit(cur, nb, memory_order_relaxed);
+}
 
 static void wake_others(struct sdp_conn *c)
 {
@@ -196,18 +223,29 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline)
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
 {
 	struct fab_ep *ep = &c->ep;
-	uint32_t spin = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
+	uint32_t max = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
+	uint32_t spin = sdp_spin_budget(&c->spin_cur, &c->spin_waits, max);
 	if ((what & FAB_WAIT_ZC) && spin && c->zc_spin_us > spin)
 		spin = c->zc_spin_us < 1000 ? c->zc_spin_us : 1000;
 	if (spin) {
-		uint64_t end = sdp_now_ns() + (uint64_t)spin * 1000;
+		uint64_t start = sdp_now_ns(), end = start + (uint64_t)spin * 1000;
 		for (unsigned i = 1;; i++) {
-			if (cond_met(c, what))
+			if (cond_met(c, what)) {
+				sdp_spin_result(&c->spin_cur, max, true);
 				return 0;
+			}
 			__builtin_ia32_pause();
-			if (!(i & 63) && sdp_now_ns() > end)
-				break;
+			if (!(i & 63)) {
+				uint64_t now = sdp_now_ns();
+				if (now > end)
+					break;
+				/* Past the first microseconds, let any other
+				 * runnable process have this CPU meanwhile. */
+				if (now - start > 3000)
+					sched_yield();
+			}
 		}
+		sdp_spin_result(&c->spin_cur, max, false);
 	}
 
 	/* Deadline: SO_SNDTIMEO for sends (tracked), SO_RCVTIMEO for receives

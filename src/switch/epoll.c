@@ -11,6 +11,7 @@
  * tokens of tagged kernel events and passes all other events through.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,6 +41,7 @@ struct ep_shadow {
 	struct ep_ent *v;
 	int n, cap;
 	unsigned rr;                  /* round-robin start of the scan */
+	_Atomic uint32_t spin_cur, spin_waits;   /* adaptive spin (wait.c) */
 	struct ep_shadow *next;
 };
 
@@ -60,6 +62,7 @@ static struct ep_shadow *shadow_of(int epfd, bool create)
 		return NULL;
 	pthread_mutex_init(&s->lock, NULL);
 	s->epfd = epfd;
+	atomic_store(&s->spin_cur, sdp_tun.spin_us);
 	pthread_mutex_lock(&all_lock);
 	s->next = all;
 	all = s;
@@ -367,7 +370,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 	}
 	uint64_t start = sdp_now_ns();
 	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
-	uint32_t spin = sdp_tun.spin_us;
+	uint32_t spin = sdp_spin_budget(&s->spin_cur, &s->spin_waits, sdp_tun.spin_us);
 	bool spun = timeout_ns == 0 || !spin;
 	for (;;) {
 		int n = scan(s, ev, max);
@@ -375,11 +378,16 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			uint64_t end = sdp_now_ns() + (uint64_t)spin * 1000;
 			if (deadline && end > deadline)
 				end = deadline;
-			while (!n && sdp_now_ns() < end) {
+			uint64_t t0 = sdp_now_ns(), now = t0;
+			while (!n && now < end) {
 				for (int k = 0; k < 32; k++)
 					__builtin_ia32_pause();
 				n = scan(s, ev, max);
+				now = sdp_now_ns();
+				if (!n && now - t0 > 3000)
+					sched_yield();
 			}
+			sdp_spin_result(&s->spin_cur, sdp_tun.spin_us, n > 0);
 			spun = true;
 		}
 		bool shared = false;

@@ -10,6 +10,7 @@
  * deadline. Before arming, the sockets are checked for spin_us.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -112,20 +113,30 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	}
 	uint64_t start = sdp_now_ns();
 	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
-	/* Spin on the SDP members (bounded by spin and the timeout). */
+	/* Spin on the SDP members (adaptive budget per thread, see wait.c). */
+	static __thread _Atomic uint32_t tcur = 1000000, twaits;
+	uint32_t max = spin;
+	spin = sdp_spin_budget(&tcur, &twaits, max);
 	if (timeout_ns != 0 && spin) {
 		uint64_t end = start + (uint64_t)spin * 1000;
 		if (deadline && end > deadline)
 			end = deadline;
 		for (unsigned k = 1;; k++) {
 			if (sdp_scan(fds, n, cs)) {
+				sdp_spin_result(&tcur, max, true);
 				r = merge_others(fds, n, cs, tmp, &zero, mask);
 				goto out;
 			}
 			__builtin_ia32_pause();
-			if (!(k & 63) && sdp_now_ns() > end)
-				break;
+			if (!(k & 63)) {
+				uint64_t now = sdp_now_ns();
+				if (now > end)
+					break;
+				if (now - start > 3000)
+					sched_yield();
+			}
 		}
+		sdp_spin_result(&tcur, max, false);
 	}
 	for (;;) {
 		for (nfds_t i = 0; i < n; i++)
