@@ -84,24 +84,25 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
  * Spinning pays when the peer answers within the budget; when it does not
  * (the peer is slow, or more processes want the CPUs than there are), every
  * spin is a CPU taken from someone who could make progress. So the budget
- * adapts like an adaptive mutex: doubled after a spin that succeeded,
- * halved after one that failed; at 0, one wait in 16 tries 2 us to notice
- * that spinning pays again.
+ * adapts like an adaptive mutex: restored to the maximum after a spin that
+ * paid off, halved after one that did not; at 0, one wait in 8 spins the
+ * full maximum again, so a pattern where spinning pays (a ping-pong whose
+ * answer takes longer than a short probe) is found again quickly.
  */
 uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max)
 {
 	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
 	if (b > max)
 		b = max;
-	if (b == 0 && max && (atomic_fetch_add_explicit(waits, 1, memory_order_relaxed) & 15) == 0)
-		b = max < 2 ? max : 2;
+	if (b == 0 && (atomic_fetch_add_explicit(waits, 1, memory_order_relaxed) & 7) == 0)
+		b = max;
 	return b;
 }
 
 void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit)
 {
 	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
-	uint32_t nb = hit ? (b * 2 + 2 < max ? b * 2 + 2 : max) : b / 2;
+	uint32_t nb = hit ? max : b / 2;
 	if (nb != b)
 		atomic_store_explicit(cur, nb, memory_order_relaxed);
 }

@@ -253,9 +253,8 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	size_t tail = (len - done) / 4;
 	if (tail > sdp_tun.zcopy_tail)
 		tail = sdp_tun.zcopy_tail;
-	uint32_t th = atomic_load(&c->zcopy_thresh);
-	if (len - done - tail < th)
-		tail = 0;
+	if (len - done < 65536)
+		tail = 0;                     /* too small to be worth splitting */
 	size_t zlen = len - tail;             /* advertise [done, zlen) */
 
 	uint64_t rd_start = atomic_load(&pz->rd_bytes);
