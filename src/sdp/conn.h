@@ -170,6 +170,9 @@ void    zc_probe(struct sdp_conn *c);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
+/* rx.c: the iovec elements covering stream bytes [off, off+len) of iov. */
+int     iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
+		  struct iovec *out, int max);
 const char *zc_mode_name(int mode);
 uint32_t sdp_zcopy_auto(void);                /* calib.c */
 uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` */

@@ -120,7 +120,7 @@ static bool data_pending(struct sdp_conn *c)
 }
 
 /* Build the local iovec for stream bytes [off, off+len) of iov. */
-static int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
+int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
 		     struct iovec *out, int max)
 {
 	int k = 0;

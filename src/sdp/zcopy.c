@@ -134,23 +134,11 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	size_t n = len < pz->sink_len ? len : pz->sink_len;
 	/* The local side of the copy: our iovec from stream offset off. */
 	struct iovec lv[64];
-	int ln = 0;
-	size_t skip = off, want = n;
-	for (int i = 0; i < iovcnt && want && ln < 64; i++) {
-		if (skip >= iov[i].iov_len) {
-			skip -= iov[i].iov_len;
-			continue;
-		}
-		size_t k = iov[i].iov_len - skip;
-		if (k > want)
-			k = want;
-		lv[ln].iov_base = (char *)iov[i].iov_base + skip;
-		lv[ln].iov_len = k;
-		ln++;
-		want -= k;
-		skip = 0;
-	}
-	n -= want;
+	int ln = iov_slice(iov, iovcnt, off, n, lv, 64);
+	size_t have = 0;
+	for (int i = 0; i < ln; i++)
+		have += lv[i].iov_len;
+	n = have;
 	struct iovec rv = { (void *)(uintptr_t)pz->sink_addr, n };
 	ssize_t w = process_vm_writev(c->peer_pid, lv, (unsigned long)ln, &rv, 1, 0);
 	if (w < 0) {

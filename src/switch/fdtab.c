@@ -237,6 +237,39 @@ void fd_dup(int oldfd, int newfd)
 	atomic_store(&n->opts, atomic_load(&o->opts));
 }
 
+/* Call fn once for each listener this process holds (several fds may name
+ * one listener after dup). */
+static void for_each_listener(void (*fn)(struct sdp_listener *, void *), void *arg)
+{
+	enum { SEEN = 256 };
+	struct sdp_listener *seen[SEEN];
+	int nseen = 0, hi = atomic_load(&hiwater);
+	for (int fd = 0; fd < hi; fd++) {
+		struct sdp_listener *l = tab[fd].l;
+		if (atomic_load(&tab[fd].kind) != FDK_LISTEN || !l)
+			continue;
+		bool dup = false;
+		for (int j = 0; j < nseen && !dup; j++)
+			dup = seen[j] == l;
+		if (dup)
+			continue;
+		if (nseen < SEEN)
+			seen[nseen++] = l;
+		fn(l, arg);
+	}
+}
+
+static void listener_count(struct sdp_listener *l, void *arg)
+{
+	sdp_listener_fork(l, *(int *)arg);
+}
+
+static void listener_child(struct sdp_listener *l, void *arg)
+{
+	(void)arg;
+	sdp_listener_child(l);
+}
+
 /* fork(): every connection and listener this process holds gets one more
  * holding process. Counted in the parent before the child exists, so that
  * a parent closing its copy at once can never look like the last holder. */
@@ -260,42 +293,15 @@ static void fork_count(int delta)
 		else
 			atomic_fetch_sub(&c->nproc, 1);
 	}
-	struct sdp_listener *seen[64];
-	int nseen = 0;
-	for (int fd = 0; fd < hi; fd++) {
-		if (atomic_load(&tab[fd].kind) != FDK_LISTEN || !tab[fd].l)
-			continue;
-		bool dup = false;
-		for (int j = 0; j < nseen; j++)
-			dup |= seen[j] == tab[fd].l;
-		if (dup)
-			continue;
-		if (nseen < 64)
-			seen[nseen++] = tab[fd].l;
-		sdp_listener_fork(tab[fd].l, delta);
-	}
+	for_each_listener(listener_count, &delta);
 }
 
 void fd_fork_prepare(void) { fork_count(+1); }
 
 void fd_fork_child(void)
 {
-	if (!tab)
-		return;
-	int hi = atomic_load(&hiwater);
-	struct sdp_listener *seen[64];
-	int nseen = 0;
-	for (int fd = 0; fd < hi; fd++) {
-		if (atomic_load(&tab[fd].kind) != FDK_LISTEN || !tab[fd].l)
-			continue;
-		bool dup = false;
-		for (int j = 0; j < nseen; j++)
-			dup |= seen[j] == tab[fd].l;
-		if (dup)
-			continue;
-		if (nseen < 64)
-			seen[nseen++] = tab[fd].l;
-		sdp_listener_child(tab[fd].l);
-	}
+	if (tab)
+		for_each_listener(listener_child, NULL);
 }
+
 void fd_fork_failed(void) { fork_count(-1); }
