@@ -200,8 +200,13 @@ void sdp_listener_withdraw(struct sdp_listener *l);
 struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
+struct sdp_connect_state {
+	bool issued;                   /* connect() was already made */
+	bool deferred;                 /* ...and its SYN is still to be released */
+	int  result;                   /* issued, not deferred: 0 or -errno */
+};
 struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
-				   socklen_t len);
+				   socklen_t len, struct sdp_connect_state *cs);
 void sdp_connect_done(struct sdp_conn *c, int fd, int err);
 
 /* ---- tunables (switch/config.c) ------------------------------------------- */

@@ -38,6 +38,7 @@
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/tcp.h>
 
 #include "sdp/conn.h"
 #include "sdp/proto.h"
@@ -518,8 +519,9 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 /* ---- client ------------------------------------------------------------------ */
 
 struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
-				   socklen_t len)
+				   socklen_t len, struct sdp_connect_state *cs)
 {
+	memset(cs, 0, sizeof *cs);
 	struct key dk;
 	if (key_of(dst, len, &dk) < 0 || !is_local(&dk))
 		return NULL;
@@ -569,42 +571,39 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	struct sdp_conn *c = NULL;
 	int memfd = -1;
 
-	/* Our local port must be known before the hello: bind if needed. */
+	/* The hello names the whole 4-tuple and must be queued before the
+	 * SYN. A deferred connect (TCP_FASTOPEN_CONNECT with
+	 * TCP_FASTOPEN_NO_COOKIE) has the kernel choose the source address
+	 * and port exactly as any connect would, without sending the SYN;
+	 * the caller releases it once the hello is queued. If the kernel did
+	 * not defer (the SYN is out), no hello is sent: plain TCP. A socket
+	 * the application bound to a port needs none of this. */
 	union sdp_addr la;
 	socklen_t ll = sizeof la;
 	struct key lk;
 	if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
 		goto fail;
-	/* The hello must name the whole 4-tuple, so our source address and
-	 * port must be fixed before connect. For a local destination the
-	 * kernel would take a local address: we take the destination itself
-	 * (always a local address here). Bound to the wildcard with a port
-	 * already: SDP cannot name it exactly, stay TCP. */
 	static const uint8_t zero[16];
 	bool any_addr = !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16);
-	if (lk.port == 0 && any_addr) {
-		union sdp_addr src;
-		memset(&src, 0, sizeof src);
-		src.sa.sa_family = la.sa.sa_family;
-		if (la.sa.sa_family == AF_INET && dk.family == AF_INET) {
-			memcpy(&src.in.sin_addr, dk.addr, 4);
-		} else if (la.sa.sa_family == AF_INET6 && dk.family == AF_INET6) {
-			memcpy(&src.in6.sin6_addr, dk.addr, 16);
-		} else if (la.sa.sa_family == AF_INET6 && dk.family == AF_INET) {
-			src.in6.sin6_addr.s6_addr[10] = 0xff;  /* v4-mapped */
-			src.in6.sin6_addr.s6_addr[11] = 0xff;
-			memcpy(&src.in6.sin6_addr.s6_addr[12], dk.addr, 4);
-		} else {
+	if (lk.port == 0) {
+		int one = 1;
+		if (sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_CONNECT, &one, sizeof one) < 0 ||
+		    sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_NO_COOKIE, &one, sizeof one) < 0)
 			goto fail;
-		}
-		if (sys_bind(fd, &src, la.sa.sa_family == AF_INET ?
-			     sizeof src.in : sizeof src.in6) < 0)
-			goto fail;
+		int r = sys_connect(fd, dst, len);
+		cs->issued = true;
+		cs->result = r < 0 ? -errno : 0;
+		struct tcp_info ti;
+		socklen_t tl = sizeof ti;
+		if (r < 0 || sys_getsockopt(fd, SOL_TCP, TCP_INFO, &ti, &tl) < 0 ||
+		    ti.tcpi_state != TCP_SYN_SENT || ti.tcpi_unacked != 0)
+			goto fail;            /* not deferred: stay TCP */
+		cs->deferred = true;
 		ll = sizeof la;
 		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
 			goto fail;
-	} else if (lk.port == 0 || any_addr) {
-		goto fail;
+	} else if (any_addr) {
+		goto fail;                    /* bound to the wildcard: cannot name it */
 	}
 
 	struct sdp_hello h = {

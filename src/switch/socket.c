@@ -133,10 +133,26 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	    (addr->sa_family != AF_INET && addr->sa_family != AF_INET6))
 		return real_connect(fd, addr, len);
 	struct sdp_conn *c = NULL;
+	struct sdp_connect_state cs = { 0 };
 	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
-		c = sdp_hello_connect(fd, addr, len);
-	int r = real_connect(fd, addr, len);
-	int e = errno;
+		c = sdp_hello_connect(fd, addr, len, &cs);
+	int r, e;
+	if (cs.deferred) {
+		/* Release the SYN held back while the hello was queued: a
+		 * zero-length send completes a deferred connect (blocking:
+		 * waits for the handshake; non-blocking: EINPROGRESS). */
+		long w = syscall(SYS_sendto, fd, NULL, 0, MSG_NOSIGNAL, NULL, 0);
+		r = w < 0 ? -1 : 0;
+		e = w < 0 ? errno : 0;
+		if (r < 0 && e == EAGAIN)
+			e = EINPROGRESS;      /* SO_SNDTIMEO ran out: still going */
+	} else if (cs.issued) {
+		r = cs.result < 0 ? -1 : 0;
+		e = cs.result < 0 ? -cs.result : 0;
+	} else {
+		r = real_connect(fd, addr, len);
+		e = errno;
+	}
 	if (!c) {
 		if (r == 0 || e == EINPROGRESS) {
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
