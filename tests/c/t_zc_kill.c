@@ -10,49 +10,13 @@
  * data and then EOF or ECONNRESET, all within 1 s of the kill, as with
  * TCP. In sdp mode the counters show zero copy was running.
  */
-#include "testlib.h"
+#include "zclib.h"
 #include <pthread.h>
 #include <stdatomic.h>
 
 #define T 65536
 #define MiB (1u << 20)
 #define BIG (64u * MiB)
-
-/* ---- zero-copy helpers ------------------------------------------------ */
-
-/* Sets the threshold; sdp: it reads back, tcp: both calls ENOPROTOOPT. */
-static void zc_thresh(int fd, int th)
-{
-	int v = -7;
-	socklen_t len = sizeof v;
-	if (tl_sdp_mode()) {
-		SYS(setsockopt(fd, SOL_TCP, SDP_ZCOPY_THRESH, &th, sizeof th));
-		SYS(getsockopt(fd, SOL_TCP, SDP_ZCOPY_THRESH, &v, &len));
-		CHECK_EQ(v, th);
-	} else {
-		CHECK_ERR(setsockopt(fd, SOL_TCP, SDP_ZCOPY_THRESH, &th,
-				     sizeof th), ENOPROTOOPT);
-		CHECK_ERR(getsockopt(fd, SOL_TCP, SDP_ZCOPY_THRESH, &v, &len),
-			  ENOPROTOOPT);
-	}
-}
-
-struct zc { uint64_t tx, rx, txb, txr, txw, rxb, rxr, rxw; };
-
-static struct zc zc_get(int fd)
-{
-	struct sdp_sock_stats s;
-	struct zc z = { 0 };
-	if (tl_stats(fd, &s)) {
-		z = (struct zc){ s.tx_bytes, s.rx_bytes, s.tx_bcopy_bytes,
-				 s.tx_rzcopy_bytes, s.tx_wzcopy_bytes,
-				 s.rx_bcopy_bytes, s.rx_rzcopy_bytes,
-				 s.rx_wzcopy_bytes };
-		CHECK_EQ(z.txb + z.txr + z.txw, z.tx);
-		CHECK_EQ(z.rxb + z.rxr + z.rxw, z.rx);
-	}
-	return z;
-}
 
 /* ---- plumbing ------------------------------------------------------------ */
 
