@@ -341,38 +341,14 @@ static int hello_put(int s, const struct sdp_hello *h, int memfd)
 	return r;
 }
 
-/* Open a connection to a rendezvous; if peer_uid is given its owner must
- * be that uid. Returns the socket or -errno. */
-static int rv_connect(const struct sockaddr_un *name, socklen_t nl,
-		      const uid_t *peer_uid)
+/* Put a hello back into our own rendezvous queue (a sibling may need it). */
+static int hello_send(const struct sockaddr_un *name, socklen_t nl,
+		      const struct sdp_hello *h, int memfd)
 {
 	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
-	if (sys_connect(s, name, nl) < 0) {
-		int e = -errno;
-		sys_close(s);
-		return e;
-	}
-	if (peer_uid) {
-		struct ucred cr;
-		socklen_t cl = sizeof cr;
-		if (sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 ||
-		    cr.uid != *peer_uid) {
-			sys_close(s);
-			return -EPERM;
-		}
-	}
-	return s;
-}
-
-static int hello_send(const struct sockaddr_un *name, socklen_t nl,
-		      const struct sdp_hello *h, int memfd)
-{
-	int s = rv_connect(name, nl, NULL);
-	if (s < 0)
-		return s;
-	int r = hello_put(s, h, memfd);
+	int r = sys_connect(s, name, nl) < 0 ? -errno : hello_put(s, h, memfd);
 	sys_close(s);
 	return r;
 }

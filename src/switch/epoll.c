@@ -408,19 +408,8 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			}
 			return n;
 		}
-		struct timespec ts, *tp = NULL;
-		uint64_t left = UINT64_MAX;
-		if (deadline) {
-			uint64_t now = sdp_now_ns();
-			left = now < deadline ? deadline - now : 0;
-		}
-		if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
-			left = SDP_SHARED_SLICE_MS * 1000000ull;
-		if (left != UINT64_MAX) {
-			ts.tv_sec = (time_t)(left / 1000000000);
-			ts.tv_nsec = (long)(left % 1000000000);
-			tp = &ts;
-		}
+		struct timespec ts;
+		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		int r;
 		if (real_epoll_pwait2)
 			r = real_epoll_pwait2(epfd, ev, max, tp, mask);

@@ -157,19 +157,8 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			if (cs[i] && !watch[i])
 				shared = true;    /* someone else consumes its tokens */
 		}
-		struct timespec ts, *tp = NULL;
-		uint64_t left = UINT64_MAX;
-		if (deadline) {
-			uint64_t now = sdp_now_ns();
-			left = now < deadline ? deadline - now : 0;
-		}
-		if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
-			left = SDP_SHARED_SLICE_MS * 1000000ull;
-		if (left != UINT64_MAX) {
-			ts.tv_sec = (time_t)(left / 1000000000);
-			ts.tv_nsec = (long)(left % 1000000000);
-			tp = &ts;
-		}
+		struct timespec ts;
+		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		r = real_ppoll(tmp, n, tp, mask);
 		for (nfds_t i = 0; i < n; i++) {
 			if (!watch[i])

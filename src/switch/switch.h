@@ -158,6 +158,26 @@ REAL_FUNCS(X)
 void epoll_forget_fd(int fd);
 void epoll_shadow_free(struct ep_shadow *s);
 
+/* How long a poll/epoll sleep may last: until deadline (0 = none, NULL
+ * result = forever), cut to SDP_SHARED_SLICE_MS when another sleeper
+ * consumes the tokens of one of our sockets (conn.h). */
+static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared,
+						  struct timespec *ts)
+{
+	uint64_t left = UINT64_MAX;
+	if (deadline) {
+		uint64_t now = sdp_now_ns();
+		left = now < deadline ? deadline - now : 0;
+	}
+	if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
+		left = SDP_SHARED_SLICE_MS * 1000000ull;
+	if (left == UINT64_MAX)
+		return NULL;
+	ts->tv_sec = (time_t)(left / 1000000000);
+	ts->tv_nsec = (long)(left % 1000000000);
+	return ts;
+}
+
 /* Convert an engine result (-errno) at the POSIX boundary. */
 static inline long sdp_ret(long r)
 {
