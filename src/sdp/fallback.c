@@ -195,7 +195,7 @@ done:
 	if (r && r != -ECONNRESET && r != -EPIPE) {
 		/* The streams cannot be handed over intact: end the TCP
 		 * connection rather than let it carry anything wrong. */
-		sdp_log(1, "fd %d: fallback impossible (%d): connection shut down", fd, r);
+		sdp_log(0, "fd %d: fallback impossible (%d): connection shut down", fd, r);
 		struct linger lg = { 1, 0 };
 		sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 		sys_shutdown(fd, SHUT_RDWR);

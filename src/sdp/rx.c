@@ -28,7 +28,7 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 	size_t cap;
 	int r = ep->ops->rx_peek(ep, idx, &msg, &cap);
 	if (r == -EPROTO || (r == -EAGAIN && !shm_peer_sane(ep))) {
-		sdp_log(1, "peer control block makes no sense: connection aborted");
+		sdp_log(0, "peer control block makes no sense: connection aborted");
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
@@ -57,6 +57,8 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 		ok = false;
 	}
 	if (!ok) {
+		sdp_log(0, "malformed message (mid 0x%02x len %u mseq %u, expected %u): "
+			"connection aborted", h->mid, h->len, h->mseq, want);
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
@@ -162,7 +164,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
 	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
 	    sa.key != c->peer_pid || sa.key <= 0 || off > sa.len) {
-		sdp_log(1, "malformed SrcAvail (id %u len %u): connection aborted",
+		sdp_log(0, "malformed SrcAvail (id %u len %u): connection aborted",
 			sa.id, sa.len);
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
@@ -201,13 +203,18 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 			struct iovec l = { tmp, k };
 			struct iovec r = { (void *)(uintptr_t)(sa.addr + off + done), k };
 			ssize_t g = process_vm_readv(sa.key, &l, 1, &r, 1, 0);
-			if (g != (ssize_t)k) {
+			if (g <= 0) {
+				if (done)
+					break;    /* keep what was copied */
 				got = -1;
 				goto failed;
 			}
-			iov_scatter(iov, iovcnt, copied + done, tmp, k);
-			done += k;
+			iov_scatter(iov, iovcnt, copied + done, tmp, (size_t)g);
+			done += (size_t)g;
+			if ((size_t)g < k)
+				break;            /* partial: progress so far */
 		}
+		n = done;
 		got = (ssize_t)n;
 	} else {
 		struct iovec lv[64];
@@ -218,6 +225,8 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		n = cap < n ? cap : n;
 		struct iovec r = { (void *)(uintptr_t)(sa.addr + off), n };
 		got = process_vm_readv(sa.key, lv, (unsigned long)ln, &r, 1, 0);
+		if (got > 0 && (size_t)got < n)
+			n = (size_t)got;      /* a partial copy is progress */
 	}
 	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek) {
 		/* The kernel will not let us read the source: refuse; it
@@ -234,7 +243,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	if (got != (ssize_t)n) {
 failed:
 		atomic_store(&z->reading, 0);
-		sdp_log(1, "RDMA Read of SrcAvail %u failed (%s): connection aborted",
+		sdp_log(0, "RDMA Read of SrcAvail %u failed (%s): connection aborted",
 			sa.id, got < 0 ? strerror(errno) : "short read");
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
@@ -382,7 +391,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				if (!offered || idx || wc.id != c->sink_id ||
 				    atomic_load(&z->sink_state) != SDP_SINK_TAKEN ||
 				    wc.len > z->sink_len || copied + wc.len > total) {
-					sdp_log(1, "unexpected RdmaWrCompl: connection aborted");
+					sdp_log(0, "unexpected RdmaWrCompl: connection aborted");
 					sdp_conn_abort(c, ECONNRESET);
 					r = -ECONNRESET;
 					break;

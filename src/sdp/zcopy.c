@@ -198,7 +198,7 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 		if (sdp_is_reset(c) || atomic_load(&c->peer_gone))
 			return -ECONNRESET;
 		if (sdp_now_ns() > deadline) {
-			sdp_log(1, "SrcAvailCancel not answered in %d ms: connection aborted",
+			sdp_log(0, "SrcAvailCancel not answered in %d ms: connection aborted",
 				SDP_CANCEL_WAIT_MS);
 			sdp_conn_abort(c, ECONNRESET);
 			return -ECONNRESET;
