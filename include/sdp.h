@@ -43,6 +43,12 @@ struct sdp_sock_stats {
 	uint64_t doorbells_rx;
 	uint32_t credits;         /* send credits (peer receive buffers) now */
 	uint32_t transport;       /* 1 = SDP, 0 = TCP */
+	/* The connection's shared memory: 1 if it is a reusable slot of the
+	 * connecting process's arena; reused: 1 if that slot served an earlier
+	 * connection (connecting side), or the accepting side already had the
+	 * arena mapped (accepting side). */
+	uint32_t region_pooled;
+	uint32_t region_reused;
 };
 
 #endif /* SDP_H */

@@ -64,7 +64,11 @@ struct fab_ops {
 	void     (*disarm)(struct fab_ep *ep, unsigned what);
 	int      (*kick)(struct fab_ep *ep, int wfd, unsigned what);
 	int      (*drain)(struct fab_ep *ep, int wfd);
-	void     (*detach)(struct fab_ep *ep);   /* unmap; last user only */
+	/* detach: the last holder of our side is done with the connection
+	 * (the memory may be reused once the peer is done too); unmap: this
+	 * process stops using it while a forked process still holds it. */
+	void     (*detach)(struct fab_ep *ep);
+	void     (*unmap)(struct fab_ep *ep);
 };
 
 /*
@@ -86,16 +90,32 @@ struct fab_ep {
 	uint32_t  nslots;      /* receive buffers per direction (= max credits) */
 	uint32_t  slot_size;   /* bytes per receive buffer */
 	int32_t   peer_pid;    /* for RDMA by Cross Memory Attach */
+	uint32_t  flags;       /* FAB_EP_* */
+};
+
+enum {
+	FAB_EP_POOLED = 1u << 0,   /* the region is reused (shm_region.c) */
 };
 
 extern const struct fab_ops fab_shm_ops;
 
-/* shm provider set-up (fabric/shm.c). create: a new region (memfd) sized
- * for nslots x slot_size per direction; returns the memfd. attach: map an
- * existing region received from the peer, validating its header. */
+/* shm provider set-up (fabric/shm_region.c). create: a region sized for
+ * nslots x slot_size per direction, mapped as side 0 - a slot of the arena
+ * this process keeps for the peer process when one is free, else a memfd
+ * of its own; the offer says what to pass to the peer. attach: map a region received from the peer,
+ * validating its header; returns 1 if an existing mapping was reused. */
+struct shm_offer {
+	int      fd;           /* memfd to send with the hello */
+	bool     own_fd;       /* a memfd of its own: close it once sent */
+	bool     pooled;       /* an arena slot: the peer may keep its mapping */
+	bool     reused;       /* the slot served an earlier connection */
+	uint64_t off;          /* offset of the region in the memfd (pages) */
+};
 int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
-		       struct fab_ep *ep);   /* also maps it as side 0 */
-int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side);
+		       int32_t peer, struct fab_ep *ep, struct shm_offer *o);
+int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
+		   bool pooled);
+void shm_region_tune(uint32_t arena_slots);   /* 0: no reuse */
 /* Fields of the shared header other layers use. */
 uint64_t shm_token(struct fab_ep *ep);
 void shm_set_state(struct fab_ep *ep, uint32_t st);

@@ -1,10 +1,11 @@
 /*
  * shm.c - the shared-memory fabric provider.
  *
- * One connection = one memfd region shared by exactly the two endpoint
+ * One connection = one region of a memfd shared by exactly the two endpoint
  * processes (created by the connecting side, passed to the accepting side
  * with SCM_RIGHTS, sealed against resizing so neither side can make the
- * other fault). Layout:
+ * other fault; shm_region.c says where regions come from and how they are
+ * reused). Layout (shm_layout.h):
  *
  *   page 0      struct shm_hdr: identity, state, and per side a control
  *               block written only by that side (producer and consumer
@@ -37,129 +38,7 @@
 #include "sdp/proto.h"
 #include "sdp/sys.h"
 
-#define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 2
-#define SHM_HDR_SIZE 4096u
-#define SHM_TOKEN_BYTE 0xDB
-#define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
-
-struct shm_side {                 /* written only by its own side */
-	_Atomic uint64_t prod;        /* messages posted into our ring (TCP: snd_nxt) */
-	char pad0[56];
-	_Atomic uint64_t cons;        /* messages consumed from the peer's ring (TCP: rcv_nxt acked) */
-	char pad1[56];
-	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
-	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
-	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
-	_Atomic uint32_t abort;       /* 1: connection reset by this side (TCP: RST) */
-	_Atomic int32_t  pid;         /* process that last used this side */
-	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
-	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
-	_Atomic uint32_t fb;          /* 1: this side left SDP (fallback to TCP) */
-	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
-	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
-	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */
-	_Atomic uint32_t rd_shut;     /* 1: shutdown(SHUT_RD): data now resets */
-	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
-};
-_Static_assert(sizeof(struct shm_side) == 320, "side block is 5 cache lines");
-
-struct shm_hdr {
-	uint32_t magic;
-	uint32_t version;
-	uint32_t nslots;              /* receive buffers per direction */
-	uint32_t slot_size;           /* bytes per receive buffer */
-	uint64_t token;               /* random, also in the hello */
-	uint64_t ring_off;            /* offset of ring 0 */
-	_Atomic uint32_t state;       /* enum shm_state */
-	char pad[28];
-	struct shm_side side[2];
-};
-_Static_assert(sizeof(struct shm_hdr) <= SHM_HDR_SIZE, "header fits a page");
-
-static inline struct shm_hdr *H(struct fab_ep *ep) { return ep->base; }
-static inline struct shm_side *me(struct fab_ep *ep) { return &H(ep)->side[ep->side]; }
-static inline struct shm_side *peer(struct fab_ep *ep) { return &H(ep)->side[!ep->side]; }
-
-static inline char *ring(struct fab_ep *ep, uint32_t which)
-{
-	return (char *)ep->base + SHM_HDR_SIZE +
-	       (size_t)which * ep->nslots * ep->slot_size;
-}
-
-static size_t region_size(uint32_t nslots, uint32_t slot_size)
-{
-	return SHM_HDR_SIZE + 2 * (size_t)nslots * slot_size;
-}
-
-int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
-		      struct fab_ep *ep)
-{
-	size_t len = region_size(nslots, slot_size);
-	int fd = (int)syscall(SYS_memfd_create, "sdp-conn",
-			      MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0)
-		return -errno;
-	if (ftruncate(fd, (off_t)len) < 0 ||
-	    sys_fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
-		goto fail;
-	struct shm_hdr *h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (h == MAP_FAILED)
-		goto fail;
-	h->magic = SHM_MAGIC;
-	h->version = SHM_VERSION;
-	h->nslots = nslots;
-	h->slot_size = slot_size;
-	h->token = token;
-	h->ring_off = SHM_HDR_SIZE;
-	atomic_store(&h->state, SHM_ST_CONNECTING);
-	/* The creator keeps this mapping as its endpoint. */
-	ep->ops = &fab_shm_ops;
-	ep->base = h;
-	ep->len = len;
-	ep->side = 0;
-	ep->nslots = nslots;
-	ep->slot_size = slot_size;
-	ep->peer_pid = 0;
-	return fd;
-fail:;
-	int e = -errno;
-	sys_close(fd);
-	return e;
-}
-
-int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side)
-{
-	struct stat st;
-	if (fstat(memfd, &st) < 0)
-		return -errno;
-	int seals = sys_fcntl(memfd, F_GET_SEALS, 0);
-	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) !=
-			 (F_SEAL_SHRINK | F_SEAL_GROW))
-		return -EPROTO;               /* peer could truncate under us */
-	if ((size_t)st.st_size < SHM_HDR_SIZE || st.st_size > (1l << 31))
-		return -EPROTO;
-	void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
-			  MAP_SHARED, memfd, 0);
-	if (base == MAP_FAILED)
-		return -errno;
-	struct shm_hdr *h = base;
-	uint32_t n = h->nslots, sz = h->slot_size;   /* read once, then trust copies */
-	if (h->magic != SHM_MAGIC || h->version != SHM_VERSION ||
-	    n < 2 || n > 4096 || sz < 256 || sz > (1u << 22) || (sz & 63) ||
-	    region_size(n, sz) > (size_t)st.st_size) {
-		munmap(base, (size_t)st.st_size);
-		return -EPROTO;
-	}
-	ep->ops = &fab_shm_ops;
-	ep->base = base;
-	ep->len = (size_t)st.st_size;
-	ep->side = side;
-	ep->nslots = n;
-	ep->slot_size = sz;
-	ep->peer_pid = 0;
-	return 0;
-}
+#include "fabric/shm_layout.h"
 
 /* Tokens the peer announced that we have not consumed yet. */
 static uint64_t tokens_due(struct fab_ep *ep)
@@ -420,13 +299,6 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 	}
 }
 
-static void shm_detach(struct fab_ep *ep)
-{
-	if (ep->base)
-		munmap(ep->base, ep->len);
-	ep->base = NULL;
-}
-
 const struct fab_ops fab_shm_ops = {
 	.name       = "shm",
 	.tx_buf     = shm_tx_buf,
@@ -444,4 +316,5 @@ const struct fab_ops fab_shm_ops = {
 	.kick       = shm_kick,
 	.drain      = shm_drain,
 	.detach     = shm_detach,
+	.unmap      = shm_unmap,
 };

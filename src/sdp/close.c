@@ -10,7 +10,9 @@
  *                         the switch: the kernel's FIN/RST on it is what the
  *                         peer's wait object reports if it sleeps.
  * The connection memory stays mapped by the peer until it has read the
- * last byte, so a close never loses queued data.
+ * last byte, so a close never loses queued data. Our "closed" mark is the
+ * last thing we write to it: from then on the connecting side may reuse
+ * the region for another connection (fabric/shm_region.c).
  */
 #include <errno.h>
 #include <sys/mman.h>
@@ -65,7 +67,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 	if (np > 1) {
 		/* Another process (fork) still holds the socket: drop only our
 		 * own mapping (the struct is shared, the mapping is not). */
-		munmap(ep->base, ep->len);
+		ep->ops->unmap(ep);
 		return;
 	}
 	uint32_t st = atomic_load(&c->state);
@@ -87,12 +89,13 @@ void sdp_release(struct sdp_conn *c, int fd)
 			send_fin(c, fd, true);
 		}
 	}
-	shm_set_closed(ep);
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
 	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
 	if (shm_tokens_due(ep))
 		ep->ops->drain(ep, fd);
+	/* Our last write to the region: after it the peer may reuse it. */
+	shm_set_closed(ep);
 	atomic_store(&c->state, SDP_ST_CLOSED);
 	ep->ops->detach(ep);
 	sdp_conn_free(c);

@@ -117,6 +117,7 @@ void sdp_pool_atfork_child(void);
 struct sdp_conn *sdp_conn_alloc(void);
 void sdp_conn_free(struct sdp_conn *c);
 void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
+void sdp_proc_region(int accepting, bool reused);
 void sdp_proc_bytes(uint64_t tx, uint64_t rx);
 void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
 int  sdp_lock(pthread_mutex_t *m);

@@ -292,6 +292,7 @@ static int take_hello(struct sdp_listener *l, int s)
 	bool ok = n == (ssize_t)sizeof h && memfd >= 0 && nfds == 1 &&
 		  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
 		  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
+		  (h.flags & ~SDP_HELLO_POOLED) == 0 &&
 		  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
 		  cr.uid == l->uid;
 	if (!ok) {
@@ -465,16 +466,20 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 		sys_close(mine.memfd);
 		return NULL;
 	}
-	int r = shm_ep_attach(&c->ep, mine.memfd, 1);
+	int r = shm_ep_attach(&c->ep, mine.memfd, 1, (uint64_t)mine.h.region_pg * 4096,
+			      (mine.h.flags & SDP_HELLO_POOLED) != 0);
 	sys_close(mine.memfd);
 	if (r < 0 || shm_token(&c->ep) != mine.h.token ||
 	    shm_get_state(&c->ep) == SHM_ST_FAILED) {
 		sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
-		if (r == 0)
-			c->ep.ops->detach(&c->ep);
+		if (r >= 0)
+			c->ep.ops->unmap(&c->ep);
 		sdp_conn_free(c);
 		return NULL;
 	}
+	sdp_proc_region(1, r == 1);
+	c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
+	c->st.region_reused = r == 1;
 	c->ep.peer_pid = mine.h.pid;
 	c->peer_pid = mine.h.pid;
 	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
@@ -604,20 +609,30 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	if (!c)
 		goto fail;
 	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
-	memfd = shm_region_create(h.nslots, h.slot_size, h.token, &c->ep);
-	if (memfd < 0) {
+	struct shm_offer o;
+	if (shm_region_create(h.nslots, h.slot_size, h.token, (int32_t)listener_pid,
+			      &c->ep, &o) < 0) {
 		sdp_conn_free(c);
 		c = NULL;
 		goto fail;
 	}
-	if (hello_put(rv, &h, memfd) < 0) {
+	if (o.own_fd)
+		memfd = o.fd;
+	h.region_pg = (uint32_t)(o.off / 4096);
+	h.flags = o.pooled ? SDP_HELLO_POOLED : 0;
+	if (hello_put(rv, &h, o.fd) < 0) {
+		shm_set_state(&c->ep, SHM_ST_FAILED);   /* nobody will attach */
 		c->ep.ops->detach(&c->ep);
 		sdp_conn_free(c);
 		c = NULL;
 		goto fail;
 	}
-	sys_close(memfd);
+	if (memfd >= 0)
+		sys_close(memfd);
 	sys_close(rv);
+	sdp_proc_region(0, o.reused);
+	c->st.region_pooled = o.pooled;
+	c->st.region_reused = o.reused;
 	c->peer_pid = (int32_t)listener_pid;
 	c->zc_pid = (int32_t)sdp_pid;         /* the server saw our pid */
 	c->role = 2;

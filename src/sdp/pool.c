@@ -66,6 +66,10 @@ static void proc_register(void)
 	atomic_store(&myproc->tcp_conns, 0);
 	atomic_store(&myproc->tx_bytes, 0);
 	atomic_store(&myproc->rx_bytes, 0);
+	for (int i = 0; i < 2; i++) {
+		atomic_store(&myproc->regions[i], 0);
+		atomic_store(&myproc->regions_reused[i], 0);
+	}
 }
 
 int sdp_pool_init(void)
@@ -197,6 +201,15 @@ void sdp_proc_count(int sdp, int tcp)
 		atomic_fetch_add(&myproc->tcp_conns, (uint64_t)tcp);
 }
 
+void sdp_proc_region(int accepting, bool reused)
+{
+	if (!myproc)
+		return;
+	atomic_fetch_add(&myproc->regions[accepting != 0], 1);
+	if (reused)
+		atomic_fetch_add(&myproc->regions_reused[accepting != 0], 1);
+}
+
 void sdp_proc_bytes(uint64_t tx, uint64_t rx)
 {
 	if (!myproc)
@@ -218,12 +231,18 @@ void sdp_proc_write_stats(const char *dir)
 	if (!f)
 		return;
 	fprintf(f, "{\"pid\": %d, \"comm\": \"%s\", \"sdp_conns\": %llu, "
-		"\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu}\n",
+		"\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
+		"\"regions_created\": %llu, \"regions_reused\": %llu, "
+		"\"regions_mapped\": %llu, \"mappings_reused\": %llu}\n",
 		(int)getpid(), myproc->comm,
 		(unsigned long long)atomic_load(&myproc->sdp_conns),
 		(unsigned long long)atomic_load(&myproc->tcp_conns),
 		(unsigned long long)atomic_load(&myproc->tx_bytes),
-		(unsigned long long)atomic_load(&myproc->rx_bytes));
+		(unsigned long long)atomic_load(&myproc->rx_bytes),
+		(unsigned long long)atomic_load(&myproc->regions[0]),
+		(unsigned long long)atomic_load(&myproc->regions_reused[0]),
+		(unsigned long long)atomic_load(&myproc->regions[1]),
+		(unsigned long long)atomic_load(&myproc->regions_reused[1]));
 	fclose(f);
 	rename(tmp, path);
 }

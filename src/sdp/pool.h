@@ -11,7 +11,7 @@
 #include "sdp/conn.h"
 
 #define SDP_POOL_MAGIC    0x5344504cu     /* "SDPL" */
-#define SDP_POOL_VERSION  1
+#define SDP_POOL_VERSION  2
 #define SDP_POOL_NAME     "sdp-pool"
 #define SDP_POOL_PROCS    256
 #define SDP_POOL_CONNS    16384
@@ -23,6 +23,11 @@ struct sdp_proc {                  /* one per process using the pool */
 	_Atomic uint64_t tcp_conns;    /* stream connections left on TCP */
 	_Atomic uint64_t tx_bytes;     /* SDP stream bytes sent */
 	_Atomic uint64_t rx_bytes;
+	/* connection memory (fabric/shm_region.c): [0] regions we created
+	 * as the connecting side, [1] regions we mapped as the accepting
+	 * side; "reused" of them came from an earlier connection */
+	_Atomic uint64_t regions[2];
+	_Atomic uint64_t regions_reused[2];
 };
 
 struct sdp_pool_hdr {

@@ -89,13 +89,15 @@ struct sdp_hello {
 	int32_t  pid;
 	uint64_t token;
 	uint64_t time_ns;
-	uint64_t reserved;
+	uint32_t region_pg;     /* region offset in the memfd, in 4 KiB pages */
+	uint32_t flags;         /* SDP_HELLO_* */
 	uint8_t  src_addr[16];
 };
 _Static_assert(sizeof(struct sdp_hello) == 80, "hello is 80 bytes");
 
 #define SDP_HELLO_MAGIC   0x53445048u   /* "SDPH" */
-#define SDP_PROTO_VERSION 3
+#define SDP_PROTO_VERSION 4
+#define SDP_HELLO_POOLED  0x1u          /* region is a reusable arena slot */
 
 /*
  * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a

@@ -14,6 +14,7 @@
  *   SDP_ZCOPY_TAIL    end of a large send sent by Buffer Copy (256 KiB)
  *   SDP_NSLOTS        receive buffers per direction (default 64)
  *   SDP_SLOT_SIZE     bytes per receive buffer (default 32768)
+ *   SDP_REGION_CACHE  connection regions kept for reuse per process (8; 0 = none)
  *   SDP_CALIB_FILE    where the measured threshold is cached
  *   SDP_LOG           0..3
  *   SDP_STATS_DIR     write per-process totals there at exit
@@ -159,6 +160,7 @@ static void do_init(void)
 	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
 	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
 				    1024, 1u << 22) & ~63u;
+	shm_region_tune(tun_get("SDP_REGION_CACHE", "region_cache", 8, 0, 64));
 	int r = sdp_pool_init();
 	if (r < 0)
 		sdp_logf("connection pool unavailable (%s): all sockets stay TCP",

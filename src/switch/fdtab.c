@@ -140,9 +140,16 @@ void fd_forget(int fd)
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
 		if (atomic_fetch_sub(&holds[c->idx], 1) == 1) {
-			if (c->ep.base)           /* fell back from SDP */
-				munmap(c->ep.base, c->ep.len);
-			if (atomic_fetch_sub(&c->nproc, 1) == 1)
+			bool last = atomic_fetch_sub(&c->nproc, 1) == 1;
+			if (c->ep.base) {         /* fell back from SDP */
+				if (last) {
+					shm_set_closed(&c->ep);
+					c->ep.ops->detach(&c->ep);
+				} else {
+					c->ep.ops->unmap(&c->ep);
+				}
+			}
+			if (last)
 				sdp_conn_free(c);
 		}
 	} else if (k == FDK_SDP && e->c) {

@@ -47,7 +47,7 @@
 
 /* The head of the connection memory, as the shm provider lays it out. */
 #define REGION_MAGIC    0x53444d52u   /* "SDMR" */
-#define REGION_VERSION  2
+#define REGION_VERSION  3
 #define REGION_HDR_SIZE 4096u
 #define F_NSLOTS        8
 #define F_SLOT          4096
@@ -248,15 +248,16 @@ static struct sdp_hello mk_hello(uint16_t dport, uint16_t sport, uint64_t token)
 
 enum rkind { R_GOOD, R_SMALL, R_UNSEALED, R_BADMAGIC };
 
-/* Connection memory as a client makes it (or broken as asked). */
-static int mk_region(uint64_t token, enum rkind k)
+/* Connection memory as a client makes it (or broken as asked), the
+ * region `pages` pages into a memfd of `size` bytes (an arena slot). */
+static int mk_region_at(uint64_t token, enum rkind k, uint32_t pages, off_t size)
 {
 	int fd = (int)syscall(SYS_memfd_create, "sdp-conn",
 			      MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	CHECK(fd >= 0);
-	SYS(ftruncate(fd, k == R_SMALL ? REGION_HDR_SIZE : F_SIZE));
+	SYS(ftruncate(fd, size));
 	struct region_head *h = mmap(NULL, REGION_HDR_SIZE, PROT_READ | PROT_WRITE,
-				     MAP_SHARED, fd, 0);
+				     MAP_SHARED, fd, (off_t)pages * 4096);
 	CHECK(h != MAP_FAILED);
 	h->magic = k == R_BADMAGIC ? ~REGION_MAGIC : REGION_MAGIC;
 	h->version = REGION_VERSION;
@@ -269,6 +270,11 @@ static int mk_region(uint64_t token, enum rkind k)
 	if (k != R_UNSEALED)
 		SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
 	return fd;
+}
+
+static int mk_region(uint64_t token, enum rkind k)
+{
+	return mk_region_at(token, k, 0, k == R_SMALL ? REGION_HDR_SIZE : F_SIZE);
 }
 
 /* A complete, well-formed hello for (127.0.0.1:sport -> :dport). */
@@ -508,12 +514,63 @@ static void h_flood(struct hctx *x)
 	x->keep = FLOOD + 2 * FLOOD / 5;
 }
 
-/* The control: a forged hello of the listener's own user is taken. */
+/* Arena slots (SDP_HELLO_POOLED): the offset must leave room for the
+ * whole region inside the memfd; unknown flags are refused. */
+static void h_pooled_past_end(struct hctx *x)
+{
+	struct sdp_hello h = mk_hello(x->port, x->rport, 90);
+	int m = mk_region(90, R_GOOD);
+	h.flags = SDP_HELLO_POOLED;
+	h.region_pg = F_SIZE / 4096;          /* just past the end */
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	h.region_pg = UINT32_MAX;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	SYS(close(m));
+	x->keep = 2;          /* well-formed until their memory is looked at */
+}
+
+static void h_pooled_no_room(struct hctx *x)
+{
+	/* a good header one page in, but the rings would run past the end */
+	struct sdp_hello h = mk_hello(x->port, x->rport, 91);
+	int m = mk_region_at(91, R_GOOD, 1, F_SIZE);
+	h.flags = SDP_HELLO_POOLED;
+	h.region_pg = 1;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	SYS(close(m));
+	x->keep = 1;
+}
+
+static void h_bad_flags(struct hctx *x)
+{
+	struct sdp_hello h = mk_hello(x->port, x->rport, 92);
+	int m = mk_region(92, R_GOOD);
+	h.flags = 0x100;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	SYS(close(m));
+}
+
+/* The control: a forged hello of the listener's own user is taken - a
+ * region of its own, or (pooled-forged) a slot three pages into an arena. */
 static int g_forged_mem = -1;
+static uint32_t g_forged_pg;
 static void h_forged(struct hctx *x)
 {
 	struct sdp_hello h = mk_hello(x->port, x->rport, 89);
 	g_forged_mem = mk_region(89, R_GOOD);
+	g_forged_pg = 0;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &g_forged_mem, 1);
+	x->forged = true;
+}
+
+static void h_pooled_forged(struct hctx *x)
+{
+	struct sdp_hello h = mk_hello(x->port, x->rport, 93);
+	g_forged_pg = 3;
+	g_forged_mem = mk_region_at(93, R_GOOD, g_forged_pg,
+				    (off_t)g_forged_pg * 4096 + F_SIZE);
+	h.flags = SDP_HELLO_POOLED;
+	h.region_pg = g_forged_pg;
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &g_forged_mem, 1);
 	x->forged = true;
 }
@@ -528,7 +585,8 @@ static void forged_ok(struct hctx *x)
 	      "forgery no longer matches a real hello", transport_of(s));
 	/* The server end writes into the forged memory: ring 1, first slot. */
 	CHECK_EQ(send(s, "hi", 2, MSG_NOSIGNAL), 2);
-	char *mem = mmap(NULL, F_SIZE, PROT_READ, MAP_SHARED, g_forged_mem, 0);
+	char *mem = mmap(NULL, F_SIZE, PROT_READ, MAP_SHARED, g_forged_mem,
+			 (off_t)g_forged_pg * 4096);
 	CHECK(mem != MAP_FAILED);
 	struct sdp_bsdh b;
 	memcpy(&b, mem + REGION_HDR_SIZE + F_NSLOTS * F_SLOT, sizeof b);
@@ -799,6 +857,7 @@ static void c_nobody_two_fds(void)
 	pid_t nb = spawn_nobody(nb_two_fds, &to, &from);
 	uint16_t port;
 	int l = tl_listen(AF_INET, &port);
+	sdp_client_ok(l, port, 0);            /* creates the region arena */
 	int before = count_fds();
 	struct orders o = { .port = port, .server = (int32_t)getpid() };
 	send_orders(to, &o);
@@ -886,7 +945,11 @@ static const struct hcase cases[] = {
 	{ "two-fds",         h_two_fds,       NULL },
 	{ "never-connects",  h_never,         NULL },
 	{ "flood",           h_flood,         NULL },
+	{ "pooled-past-end", h_pooled_past_end, NULL },
+	{ "pooled-no-room",  h_pooled_no_room, NULL },
+	{ "bad-flags",       h_bad_flags,     NULL },
 	{ "forged",          h_forged,        NULL },
+	{ "pooled-forged",   h_pooled_forged, NULL },
 	{ "nobody-hello",    NULL,            c_nobody_hello },
 	{ "nobody-two-fds",  NULL,            c_nobody_two_fds },
 	{ "nobody-silent",   NULL,            c_nobody_silent },
@@ -907,6 +970,9 @@ static void run_case(const struct hcase *hc)
 	CHECK(rv_listed(geteuid(), x.port), "no rendezvous @sdp1.%u.%u.%u."
 	      "7f000001 for the listener", (unsigned)geteuid(),
 	      (unsigned)AF_INET, x.port);
+	/* The first SDP connection of a process creates its region arena
+	 * (one descriptor for the process's life): not a per-hello cost. */
+	sdp_client_ok(x.l, x.port, 0);
 	int before = count_fds();
 	x.raw = raw_bound(&x.rport);
 	step("hostile act");

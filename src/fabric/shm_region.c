@@ -1,0 +1,449 @@
+/*
+ * shm_region.c - where a connection's memory comes from and goes back to.
+ *
+ * A region (layout: shm_layout.h) is created by the connecting side and
+ * passed to the accepting side as a memfd with the hello. Creating a
+ * sealed memfd, mapping it on both sides, faulting its pages in and
+ * tearing it all down again costs about as much as a loopback TCP
+ * connect+accept, so regions are reused between the same processes, as
+ * SMC-R reuses the buffers of a link group:
+ *
+ * Connecting side: an "arena" per peer process - one memfd divided into
+ * equal slots, each one region. The accepting side maps the whole memfd,
+ * so an arena only ever serves connections to one peer (the process that
+ * created the listener, as SO_PEERCRED named it): no peer can see another
+ * peer's connections. A slot is claimed with a CAS on the lease word in its
+ * header (forked children share the arena and claim from it too). When the
+ * connection is closed on our side the lease becomes CDONE; the slot is
+ * claimed again only once the peer has marked its side closed (its last
+ * write to the region) or the connect failed (no peer ever attached), so a
+ * reused slot never has a writer from its previous life. Each arena keeps
+ * its memfd open (kept at a high descriptor number); SHM_ARENAS arenas at
+ * most, one with no connection of ours is dropped for a new peer. A
+ * connection that finds no free slot gets a region of its own as before.
+ *
+ * Accepting side: mappings of received memfds are cached by (st_dev,
+ * st_ino). A hello that names a slot of an arena we have mapped costs no
+ * mmap and no page faults; the cache holds a mapping while a connection
+ * uses it and, unused, for at most SHM_IDLE_NS and SHM_IDLE_MAX mappings.
+ *
+ * The lease only decides who may reuse a slot; nothing about it is trusted
+ * from the peer beyond what a fresh region already allows (a same-user
+ * peer that owns the memfd can write it at any time anyway).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fabric/shm_layout.h"
+#include "sdp/sys.h"
+
+enum shm_lease {
+	LEASE_FREE  = 0,   /* never used: claim at will */
+	LEASE_BUSY  = 1,   /* a connection of ours uses it */
+	LEASE_CDONE = 2,   /* closed on our side; reusable once the peer is done */
+};
+
+#define SHM_MAPS      64                       /* mappings one process tracks */
+#define SHM_IDLE_MAX  4                        /* unused mappings kept */
+#define SHM_IDLE_NS   (2ull * 1000000000ull)   /* ... and for how long */
+#define SHM_ARENA_FD_MIN 900                   /* keep our fd out of the way */
+
+struct shm_map {                   /* one mapping of a memfd in this process */
+	char    *base;                 /* NULL: free entry */
+	size_t   len;
+	uint64_t dev, ino;             /* identity of the memfd */
+	int      fd;                   /* an arena of ours: the memfd we pass; else -1 */
+	uint32_t refs;                 /* connections of this process using it */
+	uint64_t idle_since;           /* CLOCK_MONOTONIC ns when refs became 0 */
+	/* arenas only */
+	int32_t  peer;                 /* the one process it serves */
+	uint32_t nslots, slot_size;    /* geometry of its regions */
+	size_t   slot_len;             /* bytes per slot (page multiple) */
+};
+
+#define SHM_ARENAS 4
+
+/* Private to the process (fork copies it, as fork copies the mappings). */
+static struct shm_map maps[SHM_MAPS];
+static uint32_t arena_slots = 8;   /* tunable: slots per arena, 0 = no reuse */
+static pthread_mutex_t maps_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void lock_prepare(void) { pthread_mutex_lock(&maps_lock); }
+static void lock_parent(void) { pthread_mutex_unlock(&maps_lock); }
+static void lock_child(void) { pthread_mutex_init(&maps_lock, NULL); }
+static void init_once(void) { pthread_atfork(lock_prepare, lock_parent, lock_child); }
+
+static void lock(void)
+{
+	pthread_once(&once, init_once);
+	pthread_mutex_lock(&maps_lock);
+}
+static void unlock(void) { pthread_mutex_unlock(&maps_lock); }
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+void shm_region_tune(uint32_t slots)
+{
+	arena_slots = slots > 64 ? 64 : slots;
+}
+
+static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
+
+static struct shm_map *map_of(const void *p)
+{
+	for (int i = 0; i < SHM_MAPS; i++)
+		if (maps[i].base && (const char *)p >= maps[i].base &&
+		    (const char *)p < maps[i].base + maps[i].len)
+			return &maps[i];
+	return NULL;
+}
+
+/* Unmap cached mappings nobody uses: those idle too long, and the oldest
+ * beyond SHM_IDLE_MAX. Our own arenas are not dropped here. */
+static void trim(uint64_t now)
+{
+	int idle = 0;
+	for (int i = 0; i < SHM_MAPS; i++) {
+		struct shm_map *m = &maps[i];
+		if (!m->base || m->refs || m->fd >= 0)
+			continue;
+		if (now - m->idle_since > SHM_IDLE_NS) {
+			munmap(m->base, m->len);
+			m->base = NULL;
+		} else {
+			idle++;
+		}
+	}
+	while (idle > SHM_IDLE_MAX) {
+		struct shm_map *old = NULL;
+		for (int i = 0; i < SHM_MAPS; i++) {
+			struct shm_map *m = &maps[i];
+			if (m->base && !m->refs && m->fd < 0 &&
+			    (!old || m->idle_since < old->idle_since))
+				old = m;
+		}
+		munmap(old->base, old->len);
+		old->base = NULL;
+		idle--;
+	}
+}
+
+static struct shm_map *map_slot(void)
+{
+	for (int i = 0; i < SHM_MAPS; i++)
+		if (!maps[i].base)
+			return &maps[i];
+	return NULL;
+}
+
+static void hdr_init(struct shm_hdr *h, uint32_t nslots, uint32_t slot_size,
+		     uint64_t token)
+{
+	/* Everything but the lease, which a forked sibling may be reading. */
+	memset(h->side, 0, sizeof h->side);
+	h->magic = SHM_MAGIC;
+	h->version = SHM_VERSION;
+	h->nslots = nslots;
+	h->slot_size = slot_size;
+	h->token = token;
+	h->ring_off = SHM_HDR_SIZE;
+	atomic_store(&h->state, SHM_ST_CONNECTING);
+}
+
+static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
+		    uint32_t nslots, uint32_t slot_size, uint32_t flags)
+{
+	ep->ops = &fab_shm_ops;
+	ep->base = base;
+	ep->len = len;
+	ep->side = side;
+	ep->nslots = nslots;
+	ep->slot_size = slot_size;
+	ep->peer_pid = 0;
+	ep->flags = flags;
+}
+
+static int memfd_new(size_t len)
+{
+	int fd = (int)syscall(SYS_memfd_create, "sdp-conn",
+			      MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)len) < 0 ||
+	    sys_fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		int e = -errno;
+		sys_close(fd);
+		return e;
+	}
+	return fd;
+}
+
+static bool arena_ours(struct shm_map *m)
+{
+	struct stat st;
+	return fstat(m->fd, &st) == 0 && (uint64_t)st.st_dev == m->dev &&
+	       (uint64_t)st.st_ino == m->ino;
+}
+
+static void arena_drop(struct shm_map *m)
+{
+	munmap(m->base, m->len);
+	if (arena_ours(m))
+		sys_close(m->fd);
+	m->base = NULL;
+}
+
+/* The arena serving peer, created on first use. The application may have
+ * closed or replaced our descriptor (close loops, dup2): then that arena
+ * is retired - its mapping stays while connections use it - and a new one
+ * is made. Called locked. */
+static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_size)
+{
+	struct shm_map *idle = NULL;
+	int narenas = 0;
+	if (!arena_slots || peer <= 0)
+		return NULL;
+	for (int i = 0; i < SHM_MAPS; i++) {
+		struct shm_map *m = &maps[i];
+		if (!m->base || m->fd < 0)
+			continue;
+		if (m->peer == peer && m->nslots == nslots && m->slot_size == slot_size) {
+			if (arena_ours(m))
+				return m;
+			m->fd = -2;           /* retired: never passed again */
+			if (!m->refs) {
+				munmap(m->base, m->len);
+				m->base = NULL;
+			}
+			continue;
+		}
+		narenas++;
+		if (!m->refs && (!idle || m->idle_since < idle->idle_since))
+			idle = m;
+	}
+	if (narenas >= SHM_ARENAS) {
+		if (!idle)
+			return NULL;          /* every arena busy: a region of its own */
+		arena_drop(idle);
+	}
+	struct shm_map *m = map_slot();
+	if (!m)
+		return NULL;
+	size_t slot_len = page_up(region_size(nslots, slot_size));
+	size_t len = slot_len * arena_slots;
+	int fd = memfd_new(len);
+	if (fd < 0)
+		return NULL;
+	int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, SHM_ARENA_FD_MIN);
+	if (hi >= 0) {
+		sys_close(fd);
+		fd = hi;
+	}
+	struct stat st;
+	void *base = fstat(fd, &st) == 0 ?
+		     mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+	if (base == MAP_FAILED) {
+		sys_close(fd);
+		return NULL;
+	}
+	*m = (struct shm_map){ .base = base, .len = len, .dev = (uint64_t)st.st_dev,
+			       .ino = (uint64_t)st.st_ino, .fd = fd, .peer = peer,
+			       .nslots = nslots, .slot_size = slot_size,
+			       .slot_len = slot_len, .idle_since = now_ns() };
+	return m;
+}
+
+/* May the slot be claimed? Its previous connection must be over on both
+ * sides: ours closed (CDONE) and the peer's closed mark set - or the
+ * connect failed, so no peer ever attached. */
+static bool slot_done(struct shm_hdr *h)
+{
+	return atomic_load(&h->side[1].closed) ||
+	       atomic_load(&h->state) == SHM_ST_FAILED;
+}
+
+static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off)
+{
+	uint32_t n = (uint32_t)(a->len / a->slot_len);
+	for (uint32_t i = 0; i < n; i++) {
+		struct shm_hdr *h = (void *)(a->base + (size_t)i * a->slot_len);
+		uint32_t l = atomic_load(&h->lease);
+		if (l == LEASE_BUSY || (l == LEASE_CDONE && !slot_done(h)))
+			continue;
+		if (atomic_compare_exchange_strong(&h->lease, &l, LEASE_BUSY)) {
+			*off = (uint64_t)i * a->slot_len;
+			return h;
+		}
+	}
+	return NULL;
+}
+
+int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
+		      int32_t peer, struct fab_ep *ep, struct shm_offer *o)
+{
+	memset(o, 0, sizeof *o);
+	o->fd = -1;
+	lock();
+	struct shm_map *a = arena_get(peer, nslots, slot_size);
+	struct shm_hdr *h = a ? slot_claim(a, &o->off) : NULL;
+	if (h) {
+		o->reused = h->magic == SHM_MAGIC;
+		a->refs++;
+		unlock();
+		hdr_init(h, nslots, slot_size, token);
+		ep_init(ep, h, region_size(nslots, slot_size), 0, nslots, slot_size,
+			FAB_EP_POOLED);
+		o->fd = a->fd;
+		o->pooled = true;
+		return 0;
+	}
+	unlock();
+
+	size_t len = region_size(nslots, slot_size);
+	int fd = memfd_new(len);
+	if (fd < 0)
+		return fd;
+	h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (h == MAP_FAILED) {
+		int e = -errno;
+		sys_close(fd);
+		return e;
+	}
+	hdr_init(h, nslots, slot_size, token);
+	ep_init(ep, h, len, 0, nslots, slot_size, 0);
+	o->fd = fd;
+	o->own_fd = true;
+	return 0;
+}
+
+/* Check a region header the peer wrote; n and sz are read once. */
+static int hdr_check(struct shm_hdr *h, size_t room, uint32_t *n, uint32_t *sz)
+{
+	*n = h->nslots;
+	*sz = h->slot_size;
+	if (h->magic != SHM_MAGIC || h->version != SHM_VERSION ||
+	    *n < 2 || *n > 4096 || *sz < 256 || *sz > (1u << 22) || (*sz & 63) ||
+	    region_size(*n, *sz) > room)
+		return -EPROTO;
+	return 0;
+}
+
+static int seals_ok(int memfd)
+{
+	int seals = sys_fcntl(memfd, F_GET_SEALS, 0);
+	return seals >= 0 && (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) ==
+			     (F_SEAL_SHRINK | F_SEAL_GROW);
+}
+
+/* A mapping of memfd from off, of its own (unmapped by shm_unmap). */
+static int attach_own(struct fab_ep *ep, int memfd, const struct stat *st,
+		      uint32_t side, uint64_t off)
+{
+	if (!seals_ok(memfd))
+		return -EPROTO;               /* peer could truncate under us */
+	size_t len = (size_t)((uint64_t)st->st_size - off);
+	void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd,
+			  (off_t)off);
+	if (base == MAP_FAILED)
+		return -errno;
+	uint32_t n, sz;
+	if (hdr_check(base, len, &n, &sz) < 0) {
+		munmap(base, len);
+		return -EPROTO;
+	}
+	ep_init(ep, base, len, side, n, sz, 0);
+	return 0;
+}
+
+int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
+		  bool pooled)
+{
+	struct stat st;
+	if (fstat(memfd, &st) < 0)
+		return -errno;
+	if ((size_t)st.st_size < SHM_HDR_SIZE || st.st_size > (1l << 34) ||
+	    (off & 4095) || off > (uint64_t)st.st_size - SHM_HDR_SIZE ||
+	    (!pooled && off))
+		return -EPROTO;
+	if (!pooled)
+		return attach_own(ep, memfd, &st, side, off);
+
+	lock();
+	struct shm_map *m = NULL;
+	for (int i = 0; i < SHM_MAPS && !m; i++)
+		if (maps[i].base && maps[i].fd == -1 && maps[i].dev == (uint64_t)st.st_dev &&
+		    maps[i].ino == (uint64_t)st.st_ino)
+			m = &maps[i];
+	int r = m ? 1 : 0;
+	if (!m) {
+		trim(now_ns());
+		m = map_slot();
+		void *base = MAP_FAILED;
+		if (m && seals_ok(memfd))
+			base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE,
+				    MAP_SHARED, memfd, 0);
+		if (base == MAP_FAILED) {
+			unlock();
+			/* No room to cache it: map this region alone. */
+			return attach_own(ep, memfd, &st, side, off);
+		}
+		*m = (struct shm_map){ .base = base, .len = (size_t)st.st_size,
+				       .dev = (uint64_t)st.st_dev,
+				       .ino = (uint64_t)st.st_ino, .fd = -1,
+				       .idle_since = now_ns() };
+	}
+	struct shm_hdr *h = (void *)(m->base + off);
+	uint32_t n, sz;
+	if (hdr_check(h, m->len - off, &n, &sz) < 0) {
+		unlock();
+		return -EPROTO;
+	}
+	m->refs++;
+	unlock();
+	ep_init(ep, h, region_size(n, sz), side, n, sz, FAB_EP_POOLED);
+	return r;
+}
+
+/* This process no longer uses the region; the connection may live on in
+ * another process (fork), so the shared endpoint is left as it is. */
+void shm_unmap(struct fab_ep *ep)
+{
+	if (!ep->base)
+		return;
+	if (ep->flags & FAB_EP_POOLED) {
+		lock();
+		struct shm_map *m = map_of(ep->base);
+		if (m && m->refs && --m->refs == 0) {
+			uint64_t now = now_ns();
+			m->idle_since = now;
+			trim(now);
+		}
+		unlock();
+	} else {
+		munmap(ep->base, ep->len);
+	}
+}
+
+/* The last holder of our side is done with the connection (our closed
+ * mark is set): an arena slot of ours becomes reusable once the peer is
+ * done too. */
+void shm_detach(struct fab_ep *ep)
+{
+	if (ep->base && (ep->flags & FAB_EP_POOLED) && ep->side == 0)
+		atomic_store(&H(ep)->lease, LEASE_CDONE);
+	shm_unmap(ep);
+	ep->base = NULL;
+}
