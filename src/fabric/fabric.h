@@ -127,6 +127,7 @@ void shm_set_abort(struct fab_ep *ep);
 int  shm_peer_abort(struct fab_ep *ep);
 int  shm_peer_fin_seen(struct fab_ep *ep);   /* FIN received, maybe data before it */
 bool shm_peer_sane(struct fab_ep *ep);       /* false: abort the connection */
+const char *shm_peer_insane_why(void);       /* what the last false was about */
 void shm_set_closed(struct fab_ep *ep);      /* our socket is fully closed */
 void shm_set_rd_shut(struct fab_ep *ep);
 int  shm_peer_rd_shut(struct fab_ep *ep);

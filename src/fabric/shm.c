@@ -76,25 +76,35 @@ int shm_peer_fin(struct fab_ep *ep)
 void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
 
 /* Everything the peer wrote in its control block must make sense with
- * what we know; if not, the caller aborts the connection. */
+ * what we know; if not, the caller aborts the connection. The reason of
+ * the last failed check (this thread) is kept for the log. */
+static __thread const char *insane_why;
+const char *shm_peer_insane_why(void) { return insane_why ? insane_why : "?"; }
+
+static bool insane(const char *why)
+{
+	insane_why = why;
+	return false;
+}
+
 bool shm_peer_sane(struct fab_ep *ep)
 {
 	struct shm_side *m = me(ep), *p = peer(ep);
 	uint64_t pprod = atomic_load(&p->prod), mcons = atomic_load(&m->cons);
 	uint64_t mprod = atomic_load(&m->prod), pcons = atomic_load(&p->cons);
 	if (pprod < mcons || pprod - mcons > ep->nslots)
-		return false;             /* messages from nowhere, or unposted */
+		return insane("messages from nowhere, or unposted");
 	if (pcons > mprod || mprod - pcons > ep->nslots)
-		return false;             /* credits for messages never sent */
+		return insane("credits for messages never sent");
 	if (atomic_load(&p->fin) > 1 ||
 	    (atomic_load(&p->fin) && atomic_load(&p->fin_seq) > pprod))
-		return false;             /* FIN after messages that do not exist */
+		return insane("FIN after messages that do not exist");
 	if (atomic_load(&p->fb) > 1)
-		return false;
+		return insane("bad fallback mark");
 	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
 	uint64_t tr = atomic_load(&m->tokens_rcvd);
 	if (ts < tr || ts - tr > (1u << 20))
-		return false;             /* wake-up tokens that cannot exist */
+		return insane("wake-up tokens that cannot exist");
 	return true;
 }
 

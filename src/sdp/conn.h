@@ -155,10 +155,18 @@ void    sdp_unwatch(struct sdp_conn *c);
  * runnable processes as it goes. */
 uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max);
 void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit);
-/* Common wait used by tx and rx: spin, arm, sleep. */
-int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
+/* Common wait used by tx and rx: spin, arm, sleep. flags: */
+enum {
+	SDP_WAIT_RCVTIMEO = 1u << 0,   /* a receive: SO_RCVTIMEO applies */
+	SDP_WAIT_PARTIAL  = 1u << 1,   /* the call already moved bytes: a
+					* signal ends it (with the partial
+					* count) even under SA_RESTART, as
+					* in TCP */
+};
+int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 		 pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
+void    sdp_abort_insane(struct sdp_conn *c);
 bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);

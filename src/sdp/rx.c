@@ -27,9 +27,13 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 	const void *msg;
 	size_t cap;
 	int r = ep->ops->rx_peek(ep, idx, &msg, &cap);
-	if (r == -EPROTO || (r == -EAGAIN && !shm_peer_sane(ep))) {
-		sdp_log(0, "peer control block makes no sense: connection aborted");
+	if (r == -EPROTO) {
+		sdp_log(0, "peer's message out of range: connection aborted");
 		sdp_conn_abort(c, ECONNRESET);
+		return -ECONNRESET;
+	}
+	if (r == -EAGAIN && !shm_peer_sane(ep)) {
+		sdp_abort_insane(c);
 		return -ECONNRESET;
 	}
 	if (r)
@@ -99,7 +103,7 @@ static void iov_scatter(const struct iovec *iov, int n, size_t off,
 static int rx_end_state(struct sdp_conn *c)
 {
 	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
-		sdp_conn_abort(c, ECONNRESET);
+		sdp_abort_insane(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
 	int e = atomic_exchange(&c->so_error, 0);
@@ -150,6 +154,17 @@ int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
  * Returns the bytes read (0 if cancelled or nothing fits) or -errno;
  * *whole is set when the advertisement is finished (read or cancelled).
  */
+/* Is this SrcAvail (at the head, not read yet) revoked by the source?
+ * Revocation covers every unread id up to cancel_last (see below). */
+static bool srcavail_revoked(struct sdp_conn *c, const char *pl)
+{
+	struct sdp_srcavail sa;
+	memcpy(&sa, pl, sizeof sa);
+	struct sdp_zctl *pz = shm_zc_peer(&c->ep);
+	uint32_t cid = atomic_load(&pz->cancel_id), clast = pz->reserved0;
+	return cid && sa.id <= clast && sa.id > c->rx_src_id;
+}
+
 static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t off,
 			   const struct iovec *iov, int iovcnt, size_t copied,
 			   size_t room, bool peek, bool bounce, bool *whole)
@@ -183,6 +198,9 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		if (!peek) {
 			c->rx_src_id = sa.id;
 			atomic_store(&z->rd_done, sa.id);
+			/* The source may wait for rd_done to make room for
+			 * its next advertisement. */
+			ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 		}
 		return 0;
 	}
@@ -407,14 +425,20 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 					break;
 				continue;
 			}
-			if (offered && !sink_withdraw(c)) {
+			/* A SrcAvail revoked before the source took our offer
+			 * may come before its RdmaWrCompl: skip it below. */
+			bool revoked = h.mid == SDP_MID_SRC_AVAIL && srcavail_revoked(c, pl);
+			if (offered && !revoked && !sink_withdraw(c)) {
 				/* Taken, so its RdmaWrCompl comes first: protocol
-				 * violation to see anything else here. */
+				 * violation to see data here. */
+				sdp_log(0, "message %u before the RdmaWrCompl of a "
+					"taken SinkAvail: connection aborted", h.mid);
 				sdp_conn_abort(c, ECONNRESET);
 				r = -ECONNRESET;
 				break;
 			}
-			offered = false;
+			if (!revoked)
+				offered = false;
 			if (h.mid == SDP_MID_SRC_AVAIL) {
 				bool whole;
 				ssize_t n = rx_srcavail(c, fd, pl, off, iov, iovcnt, copied,
@@ -498,7 +522,9 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		    c->ep.ops->rx_pending(&c->ep) == 0 &&
 		    zc_usable(c, total - copied, false))
 			offered = sink_offer(c, fd, iov, iovcnt, copied, total - copied);
-		r = sdp_wait(c, fd, FAB_WAIT_RX, true, &c->rx_lock);
+		r = sdp_wait(c, fd, FAB_WAIT_RX,
+			     SDP_WAIT_RCVTIMEO | (copied ? SDP_WAIT_PARTIAL : 0),
+			     &c->rx_lock);
 		if (r)
 			break;
 	}
@@ -509,7 +535,26 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		for (;;) {
 			struct sdp_bsdh h;
 			const char *pl;
-			if (rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_RDMA_WR_COMPL) {
+			int hr = rx_hdr(c, 0, &h, &pl);
+			if (hr == 0 && ((h.mid == SDP_MID_SRC_AVAIL && srcavail_revoked(c, pl)) ||
+					h.mid == SDP_MID_MODE_CHANGE)) {
+				/* Posted before the source took our buffer:
+				 * no stream bytes, consume and look again. */
+				if (h.mid == SDP_MID_SRC_AVAIL) {
+					bool whole = false;
+					rx_srcavail(c, fd, pl, 0, iov, iovcnt, copied, 0,
+						    false, false, &whole);
+				} else {
+					struct sdp_modechange mc;
+					memcpy(&mc, pl, sizeof mc);
+					if (mc.mode <= SDP_MODE_PIPELINED)
+						c->peer_mode = (uint8_t)mc.mode;
+				}
+				c->rx_off = 0;
+				rx_release(c, fd);
+				continue;
+			}
+			if (hr == 0 && h.mid == SDP_MID_RDMA_WR_COMPL) {
 				struct sdp_wrcompl wc;
 				memcpy(&wc, pl, sizeof wc);
 				if (wc.id == c->sink_id && copied + wc.len <= total) {
@@ -523,6 +568,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				break;
 			}
 			if (sdp_now_ns() > deadline || sdp_is_reset(c)) {
+				if (!sdp_is_reset(c))
+					sdp_log(0, "no RdmaWrCompl for a taken SinkAvail "
+						"(head message %d): connection aborted",
+						hr == 0 ? (int)h.mid : -1);
 				sdp_conn_abort(c, ECONNRESET);
 				break;
 			}
@@ -575,7 +624,7 @@ unsigned sdp_events(struct sdp_conn *c)
 	struct fab_ep *ep = &c->ep;
 	unsigned ev = 0;
 	if (!sdp_is_reset(c) && !shm_peer_sane(ep))
-		sdp_conn_abort(c, ECONNRESET);
+		sdp_abort_insane(c);
 	if (sdp_is_reset(c))
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
 		       (atomic_load(&c->err_reported) ? 0 : POLLERR);

@@ -88,7 +88,7 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 static int tx_error(struct sdp_conn *c)
 {
 	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
-		sdp_conn_abort(c, ECONNRESET);
+		sdp_abort_insane(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
 	int e = atomic_exchange(&c->so_error, 0);
@@ -176,7 +176,8 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 					continue;
 				}
 			}
-			r = sdp_wait(c, fd, FAB_WAIT_CREDIT, false, &c->tx_lock);
+			r = sdp_wait(c, fd, FAB_WAIT_CREDIT,
+				     done ? SDP_WAIT_PARTIAL : 0, &c->tx_lock);
 			if (!r)
 				r = tx_error(c);
 			if (r == 1) {             /* peer gone while we waited */

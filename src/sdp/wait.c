@@ -12,9 +12,14 @@
  * in a blocking recv(MSG_PEEK) on the socket: the kernel then gives exactly
  * TCP's behaviour for SO_RCVTIMEO (EAGAIN), signals (EINTR, or transparent
  * restart under SA_RESTART) and peer death (FIN/RST). A send with
- * SO_SNDTIMEO sleeps in poll() with its deadline instead.
+ * SO_SNDTIMEO sleeps in poll() with its deadline instead, and so does a
+ * call that has already moved bytes (SDP_WAIT_PARTIAL): TCP returns the
+ * partial count on a signal even under SA_RESTART, and poll() is never
+ * restarted. (Threads sleeping on the futex behind the watcher are
+ * restarted transparently under SA_RESTART, partial count or not.)
  */
 #include <errno.h>
+#include <string.h>
 #include <sched.h>
 #include <limits.h>
 #include <linux/futex.h>
@@ -26,6 +31,7 @@
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
+#include "switch/log.h"
 
 static bool cond_met(struct sdp_conn *c, unsigned what)
 {
@@ -35,7 +41,7 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	    shm_peer_abort(ep) || sdp_fallback_pending(c))
 		return true;
 	if (!shm_peer_sane(ep)) {
-		sdp_conn_abort(c, ECONNRESET);
+		sdp_abort_insane(c);
 		return true;
 	}
 	if ((what & FAB_WAIT_RX) &&
@@ -59,9 +65,12 @@ static void note_wakeup_result(struct sdp_conn *c, int r)
 		uint32_t z = 0;
 		bool reset = !shm_peer_fin_seen(ep) && !shm_peer_caught_up(ep) &&
 			     !shm_peer_fb(ep);
-		atomic_compare_exchange_strong(&c->peer_gone, &z, reset ? 2 : 1);
+		if (atomic_compare_exchange_strong(&c->peer_gone, &z, reset ? 2 : 1))
+			sdp_log(1, "peer's TCP socket closed%s", reset ?
+				" before its data was read: reset" : "");
 	} else if (r < 0 && r != -EAGAIN && r != -EINTR) {
-		atomic_store(&c->peer_gone, 2);
+		if (atomic_exchange(&c->peer_gone, 2) != 2)
+			sdp_log(1, "peer's TCP socket: %s", strerror(-r));
 	}
 }
 
@@ -78,7 +87,7 @@ bool sdp_take_reset(struct sdp_conn *c)
 }
 
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
-			 bool use_rcvtimeo);
+			 unsigned flags);
 
 /*
  * Spinning pays when the peer answers within the budget; when it does not
@@ -133,23 +142,48 @@ static int64_t remaining_ms(uint64_t deadline)
 	return (int64_t)((deadline - now + 999999) / 1000000);
 }
 
-int sdp_wait(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo,
+int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 	     pthread_mutex_t *held)
 {
 	/* Like the kernel's socket lock, ours is not held while sleeping:
 	 * close, shutdown or a fallback from another thread or process must
 	 * not wait for a blocked recv/send. The caller re-reads its state. */
 	sdp_unlock(held);
-	int ret = wait_unlocked(c, fd, what, use_rcvtimeo);
+	int ret = wait_unlocked(c, fd, what, flags);
 	int r = sdp_lock(held);
 	return ret ? ret : r;
 }
 
 /* The watcher's sleep on the TCP socket (only the watcher consumes
  * tokens, so it may sleep unbounded). 0 = woke (re-check), else -errno. */
-static int sleep_on_fd(struct sdp_conn *c, int fd, bool use_rcvtimeo,
+static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 		       uint64_t deadline)
 {
+	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
+	if (flags & SDP_WAIT_PARTIAL) {
+		/* The call moved bytes already: like TCP, any signal ends it
+		 * with the partial count, SA_RESTART or not. poll() is never
+		 * restarted, so the signal is seen here. */
+		int64_t ms = deadline ? remaining_ms(deadline) : -1;
+		if (ms == 0)
+			return -EAGAIN;
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int r = sys_poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms));
+		if (r < 0)
+			return errno == EINTR ? -EINTR : 0;
+		if (r == 0)
+			return -EAGAIN;
+		unsigned char b;
+		long n = syscall(SYS_recvfrom, fd, &b, 1, MSG_PEEK | MSG_DONTWAIT,
+				 NULL, NULL);
+		if (n > 0)
+			sdp_on_wakeup(c, fd);
+		else if (n == 0)
+			note_wakeup_result(c, 1);
+		else if (errno != EAGAIN && errno != EINTR)
+			note_wakeup_result(c, -errno);
+		return 0;
+	}
 	/* A send without SO_SNDTIMEO sleeps the same restartable way (only
 	 * tokens arrive on the socket); the socket's SO_RCVTIMEO expiring
 	 * then just means "sleep again". */
@@ -221,8 +255,9 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline)
 	return 0;
 }
 
-static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
+static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned flags)
 {
+	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
 	struct fab_ep *ep = &c->ep;
 	uint32_t max = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
 	uint32_t spin = sdp_spin_budget(&c->spin_cur, &c->spin_waits, max);
@@ -269,7 +304,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcv
 		if (cond_met(c, what))
 			break;
 		if (sdp_watch(c)) {
-			ret = sleep_on_fd(c, fd, use_rcvtimeo, deadline);
+			ret = sleep_on_fd(c, fd, flags, deadline);
 			sdp_unwatch(c);       /* let another waiter watch */
 		} else {
 			ret = sleep_on_futex(c, gen, deadline);
@@ -282,6 +317,16 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcv
 	if (atomic_fetch_sub(&c->nwaiters, 1) == 1)
 		ep->ops->disarm(ep, what);
 	return ret;
+}
+
+/* The peer's control block failed shm_peer_sane(): say why, abort. */
+void sdp_abort_insane(struct sdp_conn *c)
+{
+	if (sdp_is_reset(c))
+		return;
+	sdp_log(0, "peer control block makes no sense (%s): connection aborted",
+		shm_peer_insane_why());
+	sdp_conn_abort(c, ECONNRESET);
 }
 
 void sdp_conn_abort(struct sdp_conn *c, int err)

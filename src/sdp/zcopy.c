@@ -298,8 +298,10 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		c->zc_mark = rd;
 		/* Spin about as long as the peer needs to read what is out. */
 		c->zc_spin_us = (uint32_t)((advertised - done) / 12000);
-		err = sdp_wait(c, fd, room ? FAB_WAIT_CREDIT : FAB_WAIT_ZC, false,
-			       &c->tx_lock);
+		bool moved = off > 0 || done > 0 || bdone > 0 ||
+			     atomic_load(&pz->rd_bytes) != rd_start;
+		err = sdp_wait(c, fd, room ? FAB_WAIT_CREDIT : FAB_WAIT_ZC,
+			       moved ? SDP_WAIT_PARTIAL : 0, &c->tx_lock);
 		if (!err && atomic_load(&pz->refused)) {
 			err = -EACCES;            /* the sink cannot read us */
 			break;
