@@ -98,8 +98,8 @@ struct sdp_conn {
 	int32_t  peer_pid;             /* the peer process as the kernel told us
 					* (SO_PEERCRED at the rendezvous): the
 					* only CMA key we accept */
-	int32_t  zc_pid;               /* the process the peer verified for us:
-					* only it may advertise or offer (0 none) */
+	_Atomic int32_t key_ok;        /* a peer process verified to hold the far
+					* end (ident.c), besides peer_pid */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
 	uint8_t  mode_msg;             /* a ModeChange is still to be posted */
 	uint8_t  pad1[2];
@@ -174,8 +174,14 @@ bool    sdp_take_reset(struct sdp_conn *c);
 /* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
 #define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */
 void    zc_attach(struct sdp_conn *c);               /* publish pid, probe addr */
-bool    zc_usable(struct sdp_conn *c, size_t len, bool nonblock);
-void    zc_probe(struct sdp_conn *c);
+bool    zc_usable(struct sdp_conn *c, int fd, size_t len, bool nonblock);
+/* May the peer's memory be named by key? (the set-up pid, or a process
+ * the kernel shows holding the far end: ident.c) */
+bool    zc_key_ok(struct sdp_conn *c, int fd, int32_t key);
+int     zc_key_check(struct sdp_conn *c, int fd, int32_t key);  /* 1/0/-errno */
+/* ident.c: 1 if process pid holds the far end of TCP socket fd. */
+int     sdp_ident_holds_peer(int fd, pid_t pid);
+void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */

@@ -483,9 +483,6 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	c->ep.peer_pid = mine.h.pid;
 	c->peer_pid = mine.h.pid;
 	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
-	/* Clients verified the pid that created the listener: only that
-	 * process can prove itself as the source of zero-copy buffers. */
-	c->zc_pid = atomic_load(&l->sh->pids[0]) == (int32_t)sdp_pid ? (int32_t)sdp_pid : 0;
 	c->role = 1;
 	c->transport = 1;
 	c->local = la;
@@ -634,7 +631,6 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	c->st.region_pooled = o.pooled;
 	c->st.region_reused = o.reused;
 	c->peer_pid = (int32_t)listener_pid;
-	c->zc_pid = (int32_t)sdp_pid;         /* the server saw our pid */
 	c->role = 2;
 	c->transport = 1;
 	c->local = la;

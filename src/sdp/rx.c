@@ -174,11 +174,9 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	struct sdp_srcavail sa;
 	memcpy(&sa, pl, sizeof sa);
 	*whole = false;
-	/* The key must be the process the kernel named as our peer: never
-	 * let a peer point our reads at another process, or at ourselves. */
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
 	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
-	    sa.key != c->peer_pid || sa.key <= 0 || off > sa.len) {
+	    sa.key <= 0 || off > sa.len) {
 		sdp_log(0, "malformed SrcAvail (id %u len %u): connection aborted",
 			sa.id, sa.len);
 		sdp_conn_abort(c, ECONNRESET);
@@ -211,8 +209,22 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		atomic_store(&z->reading, 0);
 		return 0;
 	}
+	/* The key must be a process that holds the far end of this
+	 * connection: never let a peer point our reads at another process,
+	 * or at ourselves. Unknowable (no access to /proc): refuse below. */
+	int kc = zc_key_check(c, fd, sa.key);
+	if (kc == 0) {
+		atomic_store(&z->reading, 0);
+		sdp_log(0, "SrcAvail %u names process %d, which does not hold "
+			"this connection: connection aborted", sa.id, (int)sa.key);
+		sdp_conn_abort(c, ECONNRESET);
+		return -ECONNRESET;
+	}
 	ssize_t got;
-	if (bounce) {
+	if (kc < 0) {
+		got = -1;                     /* cannot verify: refuse */
+		errno = EPERM;
+	} else if (bounce) {
 		/* Below the threshold: read into our buffer, then copy. */
 		char tmp[16384];
 		size_t done = 0;
@@ -292,7 +304,7 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (iov_slice(iov, iovcnt, copied, room, &v, 1) != 1)
 		return false;
 	struct sdp_zctl *z = shm_zc_me(ep);
-	if (c->zc_pid != (int32_t)sdp_pid || atomic_load(&z->adv_max) == 0 ||
+	if (atomic_load(&z->adv_max) == 0 ||
 	    v.iov_len < atomic_load(&c->zcopy_thresh))
 		return false;                 /* the peer may not write into us */
 	z->sink_addr = (uint64_t)(uintptr_t)v.iov_base;
@@ -343,7 +355,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (r)
 		return r;
 	if (atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed))
-		zc_probe(c);                  /* so that the peer may advertise */
+		zc_probe(c, fd);                  /* so that the peer may advertise */
 	size_t copied = 0;
 	r = 0;
 	/* SO_RCVLOWAT: a blocking recv returns once this much is copied. */
@@ -520,7 +532,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 * waiting, let the source write straight into our buffer. */
 		if (!offered && !peek && total - copied >= thresh &&
 		    c->ep.ops->rx_pending(&c->ep) == 0 &&
-		    zc_usable(c, total - copied, false))
+		    zc_usable(c, fd, total - copied, false))
 			offered = sink_offer(c, fd, iov, iovcnt, copied, total - copied);
 		r = sdp_wait(c, fd, FAB_WAIT_RX,
 			     SDP_WAIT_RCVTIMEO | (copied ? SDP_WAIT_PARTIAL : 0),

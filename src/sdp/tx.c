@@ -130,10 +130,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	}
 	zc_ack_cancel(c, fd);
 	if (atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed))
-		zc_probe(c);
+		zc_probe(c, fd);
 	size_t payload = ep->slot_size - sizeof(struct sdp_bsdh);
 	size_t done = 0;
-	if (zc_usable(c, total, nonblock)) {
+	if (zc_usable(c, fd, total, nonblock)) {
 		bool go_bcopy;
 		ssize_t z = zc_send(c, fd, iov, iovcnt, 0, total, &go_bcopy);
 		if (z < 0) {
@@ -161,7 +161,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 			}
 			/* The ring is full: if the reader can now read us, the
 			 * rest of a large send goes by zero copy. */
-			if (zc_usable(c, total - done, false)) {
+			if (zc_usable(c, fd, total - done, false)) {
 				bool go_bcopy;
 				ssize_t z = zc_send(c, fd, iov, iovcnt, done, total - done,
 						    &go_bcopy);

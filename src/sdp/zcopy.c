@@ -59,18 +59,37 @@ void zc_attach(struct sdp_conn *c)
 	atomic_store(&z->mode, SDP_MODE_BUFFERED);
 }
 
+int zc_key_check(struct sdp_conn *c, int fd, int32_t key)
+{
+	if (key <= 0)
+		return 0;
+	if (key == c->peer_pid || key == atomic_load(&c->key_ok))
+		return 1;
+	/* The pid written in shared memory is the peer's claim and could name
+	 * anyone (us): only a process the kernel shows holding the far end
+	 * of this connection (a pre-fork worker, a forked child). */
+	int r = sdp_ident_holds_peer(fd, key);
+	sdp_log(2, "zero-copy key %d: %s", (int)key, r == 1 ? "holds the far end" :
+		r == 0 ? "does not hold the far end" : strerror(-r));
+	if (r == 1)
+		atomic_store(&c->key_ok, key);
+	return r;
+}
+
+bool zc_key_ok(struct sdp_conn *c, int fd, int32_t key)
+{
+	return zc_key_check(c, fd, key) == 1;
+}
+
 /* Can we read the peer's memory? Read its mapping of our shared header. */
-static int cma_probe(struct sdp_conn *c)
+static int cma_probe(struct sdp_conn *c, int fd)
 {
 	struct sdp_zctl *pz = shm_zc_peer(&c->ep);
-	/* Only the process the kernel named as our peer: the pid written in
-	 * shared memory is the peer's claim and could name anyone (us). */
-	pid_t pid = c->peer_pid;
 	uint64_t addr = pz->probe_addr;
-	pid_t claimed = atomic_load(&pz->pid);
-	if (!claimed || !addr)
+	pid_t pid = atomic_load(&pz->pid);
+	if (!pid || !addr)
 		return 0;                     /* peer not attached yet: ask later */
-	if (pid <= 0 || claimed != pid)
+	if (!zc_key_ok(c, fd, pid))
 		return -EPERM;                /* not provably our peer: no CMA */
 	uint64_t theirs = 0, ours;
 	memcpy(&ours, c->ep.base, sizeof ours);
@@ -87,11 +106,11 @@ static int cma_probe(struct sdp_conn *c)
 
 /* Probe once the peer is there; publish what we can do: adv_max > 0 tells
  * the peer we can read its SrcAvails and that it may write into us. */
-void zc_probe(struct sdp_conn *c)
+void zc_probe(struct sdp_conn *c, int fd)
 {
 	if (atomic_load_explicit(&c->cma, memory_order_relaxed) != 0)
 		return;
-	int v = cma_probe(c);
+	int v = cma_probe(c, fd);
 	if (!v)
 		return;
 	atomic_store(&c->cma, v);
@@ -99,16 +118,14 @@ void zc_probe(struct sdp_conn *c)
 		atomic_store(&shm_zc_me(&c->ep)->adv_max, 0);
 }
 
-bool zc_usable(struct sdp_conn *c, size_t len, bool nonblock)
+bool zc_usable(struct sdp_conn *c, int fd, size_t len, bool nonblock)
 {
 	uint32_t th = atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed);
 	if (!th || nonblock || len < th)
 		return false;
-	/* Only the process the peer verified may hand out its buffers
-	 * (a forked child or a pre-fork worker falls back to Buffer Copy). */
-	if (c->zc_pid != (int32_t)sdp_pid)
-		return false;
-	zc_probe(c);
+	/* Any process holding the socket may hand out its buffers: the peer
+	 * verifies the key it is given (zc_key_ok). */
+	zc_probe(c, fd);
 	/* Usable if we can write into the peer (Write ZCopy) or it can read
 	 * us (Read ZCopy, its adv_max). */
 	return atomic_load(&c->cma) > 0 ||
@@ -125,9 +142,11 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	uint32_t st = SDP_SINK_OFFERED;
 	if (atomic_load(&c->cma) <= 0 ||
 	    atomic_load(&pz->sink_state) != SDP_SINK_OFFERED ||
-	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0 ||
-	    atomic_load(&pz->pid) != c->peer_pid)
-		return 0;                     /* only into the verified peer */
+	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0)
+		return 0;
+	int32_t sink = atomic_load(&pz->pid);
+	if (!zc_key_ok(c, fd, sink))
+		return 0;                     /* only into a verified peer */
 	uint32_t id = atomic_load(&pz->sink_id);
 	if (!atomic_compare_exchange_strong(&pz->sink_state, &st, SDP_SINK_TAKEN))
 		return 0;                     /* withdrawn meanwhile */
@@ -140,7 +159,7 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 		have += lv[i].iov_len;
 	n = have;
 	struct iovec rv = { (void *)(uintptr_t)pz->sink_addr, n };
-	ssize_t w = process_vm_writev(c->peer_pid, lv, (unsigned long)ln, &rv, 1, 0);
+	ssize_t w = process_vm_writev(sink, lv, (unsigned long)ln, &rv, 1, 0);
 	if (w < 0) {
 		sdp_log(1, "Write ZCopy refused (%s): Buffer Copy from now on", strerror(errno));
 		atomic_store(&c->cma, -errno);

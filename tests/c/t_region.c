@@ -24,7 +24,6 @@
 #include "testlib.h"
 #include <dirent.h>
 #include <pthread.h>
-#include <stdbool.h>
 #include <signal.h>
 #include <sys/wait.h>
 

@@ -285,7 +285,9 @@ static void streams(int fd)
 	static uint8_t b[MiB];
 	ready();
 	for (uint64_t off = 0;; off += MiB) {
-		tl_fill(b, MiB, off, 4);	/* slower than the reader */
+		tl_fill(b, MiB, off, 4);
+		/* Slower than the reader, surely: it waits, buffer offered. */
+		tl_idle_ms(1);
 		tl_send_all(fd, b, MiB);
 	}
 }

@@ -1,0 +1,165 @@
+/*
+ * ident.c - may this process be trusted as our peer for Cross Memory
+ * Attach?
+ *
+ * A zero-copy advertisement names the process whose memory is to be read
+ * or written (the "key"). At set-up the kernel told us one peer pid
+ * (SO_PEERCRED of the rendezvous or of the hello). But the process that
+ * uses the other end may be another one: a pre-fork worker that accepted
+ * on its master's listener, or a child forked after the connection was
+ * made. A key is never taken from the peer's word alone - that would let
+ * a peer point us at any process we may debug, ourselves included - so a
+ * key other than the set-up pid is verified with the kernel:
+ *
+ *   1. sock_diag (NETLINK_SOCK_DIAG, an exact 4-tuple lookup) gives the
+ *      inode of the far end's TCP socket;
+ *   2. the claimed process must hold that socket: one of its descriptors
+ *      in /proc/PID/fd is "socket:[inode]".
+ *
+ * Reading /proc/PID/fd needs the same ptrace permission as Cross Memory
+ * Attach itself, so this proves nothing a debugger could not see. It costs
+ * a netlink round trip and a directory scan, once per process and
+ * connection (the answer is cached by the caller).
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "sdp/conn.h"
+#include "sdp/sys.h"
+
+/* Inode of the TCP socket whose local address is `local` and remote
+ * address `remote` (both from our socket's point of view reversed). */
+static int far_inode(const union sdp_addr *far_local, const union sdp_addr *far_remote,
+		     uint64_t *ino)
+{
+	struct {
+		struct nlmsghdr nh;
+		struct inet_diag_req_v2 r;
+	} req;
+	memset(&req, 0, sizeof req);
+	req.nh.nlmsg_len = sizeof req;
+	req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+	req.nh.nlmsg_flags = NLM_F_REQUEST;
+	req.r.sdiag_family = (uint8_t)far_local->sa.sa_family;
+	req.r.sdiag_protocol = IPPROTO_TCP;
+	req.r.idiag_states = ~0u;
+	req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+	req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+	if (far_local->sa.sa_family == AF_INET) {
+		req.r.id.idiag_sport = far_local->in.sin_port;
+		req.r.id.idiag_dport = far_remote->in.sin_port;
+		memcpy(req.r.id.idiag_src, &far_local->in.sin_addr, 4);
+		memcpy(req.r.id.idiag_dst, &far_remote->in.sin_addr, 4);
+	} else if (far_local->sa.sa_family == AF_INET6) {
+		req.r.id.idiag_sport = far_local->in6.sin6_port;
+		req.r.id.idiag_dport = far_remote->in6.sin6_port;
+		memcpy(req.r.id.idiag_src, &far_local->in6.sin6_addr, 16);
+		memcpy(req.r.id.idiag_dst, &far_remote->in6.sin6_addr, 16);
+	} else {
+		return -EAFNOSUPPORT;
+	}
+	int s = sys_socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+	if (s < 0)
+		return -errno;
+	struct sockaddr_nl nl = { .nl_family = AF_NETLINK };
+	int r = -EIO;
+	if (syscall(SYS_sendto, s, &req, sizeof req, 0, &nl, sizeof nl) < 0) {
+		r = -errno;
+		goto out;
+	}
+	union { struct nlmsghdr nh; char buf[8192]; } u;
+	ssize_t n = sys_recvfrom(s, u.buf, sizeof u.buf, 0);
+	if (n < 0) {
+		r = -errno;
+		goto out;
+	}
+	for (struct nlmsghdr *h = &u.nh; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+		if (h->nlmsg_type == NLMSG_ERROR) {
+			const struct nlmsgerr *e = NLMSG_DATA(h);
+			r = e->error ? e->error : -ENOENT;
+			break;
+		}
+		if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+		    h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+			const struct inet_diag_msg *m = NLMSG_DATA(h);
+			*ino = m->idiag_inode;
+			r = m->idiag_inode ? 0 : -ENOENT;
+			break;
+		}
+	}
+out:
+	sys_close(s);
+	return r;
+}
+
+/* Does process pid hold a descriptor of socket inode ino? */
+static int holds_socket(pid_t pid, uint64_t ino)
+{
+	char dir[64], want[48];
+	snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
+	int wl = snprintf(want, sizeof want, "socket:[%llu]", (unsigned long long)ino);
+	DIR *d = opendir(dir);
+	if (!d)
+		return -errno;
+	int r = 0;
+	struct dirent *e;
+	while (!r && (e = readdir(d))) {
+		if (e->d_name[0] == '.')
+			continue;
+		char path[384], link[64];
+		snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+		ssize_t n = readlink(path, link, sizeof link);
+		if (n == wl && !memcmp(link, want, (size_t)wl))
+			r = 1;
+	}
+	closedir(d);
+	return r;
+}
+
+/* The same endpoint in the other family: IPv4 <-> IPv4-mapped IPv6 (the
+ * far socket may be a dual-stack one, or plain IPv4 while ours is not). */
+static bool other_family(const union sdp_addr *a, union sdp_addr *o)
+{
+	memset(o, 0, sizeof *o);
+	if (a->sa.sa_family == AF_INET) {
+		o->in6.sin6_family = AF_INET6;
+		o->in6.sin6_port = a->in.sin_port;
+		o->in6.sin6_addr.s6_addr[10] = 0xff;
+		o->in6.sin6_addr.s6_addr[11] = 0xff;
+		memcpy(&o->in6.sin6_addr.s6_addr[12], &a->in.sin_addr, 4);
+		return true;
+	}
+	if (a->sa.sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&a->in6.sin6_addr)) {
+		o->in.sin_family = AF_INET;
+		o->in.sin_port = a->in6.sin6_port;
+		memcpy(&o->in.sin_addr, &a->in6.sin6_addr.s6_addr[12], 4);
+		return true;
+	}
+	return false;
+}
+
+/* 1: process pid holds the far end of TCP socket fd; 0: it does not;
+ * -errno: cannot tell (treated as "no" by callers). */
+int sdp_ident_holds_peer(int fd, pid_t pid)
+{
+	if (pid <= 0)
+		return 0;
+	union sdp_addr local, remote;
+	socklen_t ll = sizeof local, rl = sizeof remote;
+	if (sys_getsockname(fd, &local, &ll) < 0 || sys_getpeername(fd, &remote, &rl) < 0)
+		return -errno;
+	uint64_t ino;
+	int r = far_inode(&remote, &local, &ino);
+	union sdp_addr ol, orem;
+	if (r < 0 && other_family(&local, &ol) && other_family(&remote, &orem))
+		r = far_inode(&orem, &ol, &ino);
+	if (r < 0)
+		return r;
+	return holds_socket(pid, ino);
+}
