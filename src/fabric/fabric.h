@@ -1,10 +1,11 @@
 /*
  * fabric.h - the provider contract between the SDP engine and a fabric.
  *
- * The engine (src/sdp/) moves messages and credits only through this table.
- * (Zero copy, zcopy.c, calls Cross Memory Attach and the shm control words
- * directly for now: a second provider will need rdma_read/rdma_write and
- * a control-word operation here.) A provider gives it, per connection:
+ * The engine (src/sdp/) moves messages, credits and zero-copy data only
+ * through this table. (The zero-copy control words, struct sdp_zctl, are
+ * read and written in place through shm_zc_me/shm_zc_peer: a provider on
+ * an RDMA fabric would mirror them with RDMA writes of those words.) A
+ * provider gives it, per connection:
  *   - a reliable, ordered message channel in each direction made of a fixed
  *     number of receive buffers ("slots"); one posted message uses one of the
  *     peer's receive buffers, i.e. one credit;
@@ -23,6 +24,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 struct fab_ep;
 
@@ -49,11 +51,13 @@ struct fab_ops {
 	uint64_t (*tx_seq)(struct fab_ep *ep);         /* messages posted so far */
 	uint64_t (*rx_seq)(struct fab_ep *ep);         /* messages consumed so far */
 
-	/* RDMA by address + key (the key names the peer's memory). */
-	ssize_t  (*rdma_read)(struct fab_ep *ep, void *dst, size_t len,
-			      uint64_t raddr, uint64_t rkey);
-	ssize_t  (*rdma_write)(struct fab_ep *ep, const void *src, size_t len,
-			       uint64_t raddr, uint64_t rkey);
+	/* RDMA by address + key (the key names the peer's memory): len bytes
+	 * at raddr, to or from our scattered buffer local[0..nlocal). Return
+	 * the bytes moved (a short count is progress) or -errno. */
+	ssize_t  (*rdma_read)(struct fab_ep *ep, const struct iovec *local, int nlocal,
+			      uint64_t raddr, size_t len, uint64_t rkey);
+	ssize_t  (*rdma_write)(struct fab_ep *ep, const struct iovec *local, int nlocal,
+			       uint64_t raddr, size_t len, uint64_t rkey);
 
 	/* Wake-ups. arm: ask the peer to kick us for `what`; disarm undoes it.
 	 * kick: after progress of kind `what` (FAB_WAIT_RX: we posted;

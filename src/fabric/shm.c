@@ -211,21 +211,27 @@ static uint64_t shm_rx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->cons
 
 /* ---- RDMA by Cross Memory Attach ---------------------------------------- */
 
-static ssize_t shm_rdma_read(struct fab_ep *ep, void *dst, size_t len,
-			     uint64_t raddr, uint64_t rkey)
+/* The key of a Cross Memory Attach "memory region" is the process id;
+ * the engine has verified it (zcopy.c, ident.c) before it gets here. */
+static ssize_t shm_rdma_read(struct fab_ep *ep, const struct iovec *local, int nlocal,
+			     uint64_t raddr, size_t len, uint64_t rkey)
 {
-	struct iovec l = { dst, len }, r = { (void *)(uintptr_t)raddr, len };
-	pid_t pid = (pid_t)rkey ? (pid_t)rkey : ep->peer_pid;
-	ssize_t n = process_vm_readv(pid, &l, 1, &r, 1, 0);
+	(void)ep;
+	if (!rkey || rkey > INT32_MAX)
+		return -EINVAL;
+	struct iovec r = { (void *)(uintptr_t)raddr, len };
+	ssize_t n = process_vm_readv((pid_t)rkey, local, (unsigned long)nlocal, &r, 1, 0);
 	return n < 0 ? -errno : n;
 }
 
-static ssize_t shm_rdma_write(struct fab_ep *ep, const void *src, size_t len,
-			      uint64_t raddr, uint64_t rkey)
+static ssize_t shm_rdma_write(struct fab_ep *ep, const struct iovec *local, int nlocal,
+			      uint64_t raddr, size_t len, uint64_t rkey)
 {
-	struct iovec l = { (void *)src, len }, r = { (void *)(uintptr_t)raddr, len };
-	pid_t pid = (pid_t)rkey ? (pid_t)rkey : ep->peer_pid;
-	ssize_t n = process_vm_writev(pid, &l, 1, &r, 1, 0);
+	(void)ep;
+	if (!rkey || rkey > INT32_MAX)
+		return -EINVAL;
+	struct iovec r = { (void *)(uintptr_t)raddr, len };
+	ssize_t n = process_vm_writev((pid_t)rkey, local, (unsigned long)nlocal, &r, 1, 0);
 	return n < 0 ? -errno : n;
 }
 

@@ -231,12 +231,13 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		while (done < n) {
 			size_t k = n - done < sizeof tmp ? n - done : sizeof tmp;
 			struct iovec l = { tmp, k };
-			struct iovec r = { (void *)(uintptr_t)(sa.addr + off + done), k };
-			ssize_t g = process_vm_readv(sa.key, &l, 1, &r, 1, 0);
+			ssize_t g = ep->ops->rdma_read(ep, &l, 1, sa.addr + off + done,
+						       k, (uint64_t)sa.key);
 			if (g <= 0) {
 				if (done)
 					break;    /* keep what was copied */
 				got = -1;
+				errno = g < 0 ? (int)-g : EIO;
 				goto failed;
 			}
 			iov_scatter(iov, iovcnt, copied + done, tmp, (size_t)g);
@@ -253,8 +254,11 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		for (int i = 0; i < ln; i++)
 			cap += lv[i].iov_len;
 		n = cap < n ? cap : n;
-		struct iovec r = { (void *)(uintptr_t)(sa.addr + off), n };
-		got = process_vm_readv(sa.key, lv, (unsigned long)ln, &r, 1, 0);
+		got = ep->ops->rdma_read(ep, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
+		if (got < 0) {
+			errno = (int)-got;
+			got = -1;
+		}
 		if (got > 0 && (size_t)got < n)
 			n = (size_t)got;      /* a partial copy is progress */
 	}

@@ -94,10 +94,11 @@ static int cma_probe(struct sdp_conn *c, int fd)
 	uint64_t theirs = 0, ours;
 	memcpy(&ours, c->ep.base, sizeof ours);
 	struct iovec l = { &theirs, sizeof theirs };
-	struct iovec r = { (void *)(uintptr_t)addr, sizeof theirs };
-	if (process_vm_readv(pid, &l, 1, &r, 1, 0) != (ssize_t)sizeof theirs) {
-		int e = errno;
-		sdp_log(1, "zero copy off for this connection: process_vm_readv(%d): %s",
+	ssize_t r = c->ep.ops->rdma_read(&c->ep, &l, 1, addr, sizeof theirs,
+					 (uint64_t)pid);
+	if (r != (ssize_t)sizeof theirs) {
+		int e = r < 0 ? (int)-r : EIO;
+		sdp_log(1, "zero copy off for this connection: RDMA Read from %d: %s",
 			(int)pid, strerror(e));
 		return -e;
 	}
@@ -158,11 +159,11 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	for (int i = 0; i < ln; i++)
 		have += lv[i].iov_len;
 	n = have;
-	struct iovec rv = { (void *)(uintptr_t)pz->sink_addr, n };
-	ssize_t w = process_vm_writev(sink, lv, (unsigned long)ln, &rv, 1, 0);
+	ssize_t w = ep->ops->rdma_write(ep, lv, ln, pz->sink_addr, n, (uint64_t)sink);
 	if (w < 0) {
-		sdp_log(1, "Write ZCopy refused (%s): Buffer Copy from now on", strerror(errno));
-		atomic_store(&c->cma, -errno);
+		sdp_log(1, "Write ZCopy refused (%s): Buffer Copy from now on",
+			strerror((int)-w));
+		atomic_store(&c->cma, (int32_t)w);
 		w = 0;
 	}
 	struct sdp_wrcompl wc = { .id = id, .len = (uint32_t)w };
