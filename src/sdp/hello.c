@@ -656,9 +656,13 @@ void sdp_connect_done(struct sdp_conn *c, int fd, int err)
 	}
 	if (shm_get_state(&c->ep) == SHM_ST_CONNECTING)
 		shm_set_state(&c->ep, SHM_ST_CONNECTED);
+	/* The hello named our address already (the kernel chose it at the
+	 * deferred connect, or the application bound it). */
+	bool known = c->local.sa.sa_family == AF_INET ? c->local.in.sin_port != 0 :
+		     c->local.sa.sa_family == AF_INET6 && c->local.in6.sin6_port != 0;
 	union sdp_addr la;
 	socklen_t ll = sizeof la;
-	if (sys_getsockname(fd, &la, &ll) == 0)
+	if (!known && sys_getsockname(fd, &la, &ll) == 0)
 		c->local = la;
 	atomic_store(&c->state, SDP_ST_ESTABLISHED);
 }
