@@ -243,6 +243,10 @@ static bool peer_copying(struct sdp_conn *c, unsigned what)
 	       SDP_SINK_TAKEN;
 }
 
+/* A sched_yield that returns later than this ran another task. */
+#define SDP_YIELD_RAN_NS 5000
+static _Thread_local bool yield_ran_other;
+
 /* The spin before a sleep: true if the condition came true. */
 static bool spin_phase(struct sdp_conn *c, unsigned what)
 {
@@ -266,19 +270,26 @@ static bool spin_phase(struct sdp_conn *c, unsigned what)
 			sdp_spin_result(&c->spin_cur, max, true);
 			return true;
 		}
-		__builtin_ia32_pause();
-		if (!(i & 63)) {
-			uint64_t now = sdp_now_ns();
-			if (now > end && (now > busy_end || !peer_copying(c, what))) {
-				/* The copy may have ended since the check. */
-				bool met = cond_met(c, what);
-				sdp_spin_result(&c->spin_cur, max, met);
-				return met;
-			}
-			/* Past the first microseconds, let any other
-			 * runnable process have this CPU meanwhile. */
-			if (now - start > 3000)
-				sched_yield();
+		if (!yield_ran_other) {
+			__builtin_ia32_pause();
+			if (i & 63)
+				continue;
+		}
+		uint64_t now = sdp_now_ns();
+		if (now > end && (now > busy_end || !peer_copying(c, what))) {
+			/* The copy may have ended since the check. */
+			bool met = cond_met(c, what);
+			sdp_spin_result(&c->spin_cur, max, met);
+			return met;
+		}
+		/* Past the first microseconds, let any other runnable
+		 * process have this CPU meanwhile. If the last yield ran
+		 * one, the peer likely shares our CPU (the scheduler put
+		 * the two there): it answers only when we give the CPU
+		 * away, so every microsecond spun first is lost for it. */
+		if (now - start > 3000 || yield_ran_other) {
+			sched_yield();
+			yield_ran_other = sdp_now_ns() - now > SDP_YIELD_RAN_NS;
 		}
 	}
 }
