@@ -500,7 +500,8 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 * right after our read completed its send, and reading that
 		 * keeps every copy on this CPU. Offered at once, the buffer is
 		 * written by the source's CPU now and then, and its cache
-		 * lines move between the CPUs with every switch of direction. */
+		 * lines move between the CPUs with every switch of direction.
+		 * (Sharing one CPU with the source, the spin ends at once.) */
 		if (!offered && !peek && total - copied >= thresh &&
 		    c->ep.ops->rx_pending(&c->ep) == 0 &&
 		    zc_usable(c, total - copied, false)) {

@@ -247,8 +247,10 @@ static bool peer_copying(struct sdp_conn *c, unsigned what)
 #define SDP_YIELD_RAN_NS 5000
 static _Thread_local bool yield_ran_other;
 
-/* The spin before a sleep: true if the condition came true. */
-static bool spin_phase(struct sdp_conn *c, unsigned what)
+/* The spin before a sleep: true if the condition came true. With
+ * until_shared, give up as soon as a yield shows that another task wants
+ * our CPU. */
+static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 {
 	uint32_t max = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
 	uint32_t spin = sdp_spin_budget(&c->spin_cur, &c->spin_waits, max);
@@ -290,17 +292,25 @@ static bool spin_phase(struct sdp_conn *c, unsigned what)
 		if (now - start > 3000 || yield_ran_other) {
 			sched_yield();
 			yield_ran_other = sdp_now_ns() - now > SDP_YIELD_RAN_NS;
+			if (yield_ran_other && until_shared) {
+				sdp_spin_result(&c->spin_cur, max, false);
+				return false;
+			}
 		}
 	}
 }
 
 /* Spin only, as a wait would before sleeping (the caller has something to
  * do before it sleeps): 1 if the condition came true, 0 if not, or -errno
- * from re-taking the lock. The lock is not held while spinning. */
+ * from re-taking the lock. The lock is not held while spinning. The spin
+ * ends early when the CPU is shared (the caller's alternative then costs
+ * no more than waiting for the peer, which needs our CPU to answer). */
 int sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held)
 {
+	if (yield_ran_other)
+		return 0;
 	sdp_unlock(held);
-	bool met = spin_phase(c, what);
+	bool met = spin_phase(c, what, true);
 	int r = sdp_lock(held);
 	return r ? r : met;
 }
@@ -308,7 +318,7 @@ int sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held)
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, bool use_rcvtimeo)
 {
 	struct fab_ep *ep = &c->ep;
-	if (spin_phase(c, what))
+	if (spin_phase(c, what, false))
 		return 0;
 
 	/* Deadline: SO_SNDTIMEO for sends (tracked), SO_RCVTIMEO for receives
