@@ -299,6 +299,8 @@ failed:
 	return (ssize_t)n;
 }
 
+int sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);   /* wait.c */
+
 /* Offer the application's buffer as a SinkAvail (Write ZCopy). */
 static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 		       int iovcnt, size_t copied, size_t room)
@@ -533,11 +535,23 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			break;
 		}
 		/* About to wait with nothing queued: if the receiver is the one
-		 * waiting, let the source write straight into our buffer. */
+		 * waiting, let the source write straight into our buffer. But
+		 * spin first: a streaming source advertises its next buffer
+		 * right after our read completed its send, and reading that
+		 * keeps every copy on this CPU. Offered at once, the buffer is
+		 * written by the source's CPU now and then, and its cache
+		 * lines move between the CPUs with every switch of direction.
+		 * (Sharing one CPU with the source, the spin ends at once.) */
 		if (!offered && !peek && total - copied >= thresh &&
 		    c->ep.ops->rx_pending(&c->ep) == 0 &&
-		    zc_usable(c, fd, total - copied, false))
+		    zc_usable(c, fd, total - copied, false)) {
+			r = sdp_spin(c, FAB_WAIT_RX, &c->rx_lock);
+			if (r < 0)
+				break;
+			if (r > 0)
+				continue;         /* something came: take it */
 			offered = sink_offer(c, fd, iov, iovcnt, copied, total - copied);
+		}
 		r = sdp_wait(c, fd, FAB_WAIT_RX,
 			     SDP_WAIT_RCVTIMEO | (copied ? SDP_WAIT_PARTIAL : 0),
 			     &c->rx_lock);
