@@ -11,7 +11,8 @@
  *                     (default: measured once per host, calib.c)
  *   SDP_ZCOPY_CHUNK   bytes per SrcAvail in Pipelined mode (1 MiB)
  *   SDP_ZCOPY_DEPTH   SrcAvails outstanding (4; 1 = Combined mode)
- *   SDP_ZCOPY_TAIL    end of a large send sent by Buffer Copy (256 KiB)
+ *   SDP_ZCOPY_TAIL    end of a large send sent by Buffer Copy, when
+ *                     spinning is off (256 KiB)
  *   SDP_NSLOTS        receive buffers per direction (default 64)
  *   SDP_SLOT_SIZE     bytes per receive buffer (default 32768)
  *   SDP_REGION_CACHE  connection regions kept for reuse per process (8; 0 = none)
