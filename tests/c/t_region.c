@@ -337,7 +337,7 @@ static void c_peer_killed(void)
 	}
 }
 
-static const struct { const char *name; void (*fn)(void); } cases[] = {
+static const struct tl_case cases[] = {
 	{ "sequential",  c_sequential },
 	{ "two-peers",   c_two_peers },
 	{ "fork",        c_fork },
@@ -350,21 +350,5 @@ int main(void)
 	tl_watchdog(120);
 	sdp = tl_sdp_mode();
 	signal(SIGPIPE, SIG_IGN);
-	int failed = 0;
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		fflush(NULL);
-		pid_t pid = SYS(fork());
-		if (pid == 0) {
-			cases[i].fn();
-			_exit(0);
-		}
-		int st;
-		SYS(waitpid(pid, &st, 0));
-		bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-		printf("  -> case %-12s %s\n", cases[i].name, ok ? "ok" : "FAIL");
-		failed += !ok;
-	}
-	if (failed)
-		fprintf(stderr, "%d case(s) failed\n", failed);
-	return failed ? 1 : 0;
+	return tl_run_cases(cases, sizeof cases / sizeof cases[0]);
 }

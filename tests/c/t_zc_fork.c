@@ -144,7 +144,7 @@ static void c_child(bool child_sends)
 static void c_child_tx(void) { c_child(true); }
 static void c_child_rx(void) { c_child(false); }
 
-static const struct { const char *name; void (*fn)(void); } cases[] = {
+static const struct tl_case cases[] = {
 	{ "worker",   c_worker },
 	{ "child-tx", c_child_tx },
 	{ "child-rx", c_child_rx },
@@ -154,21 +154,5 @@ int main(void)
 {
 	tl_watchdog(90);
 	signal(SIGPIPE, SIG_IGN);
-	int failed = 0;
-	for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-		fflush(NULL);
-		pid_t pid = SYS(fork());
-		if (pid == 0) {
-			cases[i].fn();
-			_exit(0);
-		}
-		int st;
-		SYS(waitpid(pid, &st, 0));
-		bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-		printf("  -> case %-9s %s\n", cases[i].name, ok ? "ok" : "FAIL");
-		failed += !ok;
-	}
-	if (failed)
-		fprintf(stderr, "%d case(s) failed\n", failed);
-	return failed ? 1 : 0;
+	return tl_run_cases(cases, sizeof cases / sizeof cases[0]);
 }

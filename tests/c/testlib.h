@@ -470,4 +470,37 @@ static inline int tl_have_ipv6(void)
 	return ok;
 }
 
+/* Programs made of independent cases: each case runs in a child of its
+ * own (a failure or crash ends that case only); prints one line per case
+ * and returns the process exit status (1 if any case failed). */
+struct tl_case {
+	const char *name;
+	void (*fn)(void);
+};
+
+static inline int tl_run_cases(const struct tl_case *cases, size_t n)
+{
+	int failed = 0;
+	for (size_t i = 0; i < n; i++) {
+		fflush(NULL);
+		pid_t pid = fork();
+		if (pid < 0)
+			TL_FAIL("fork");
+		if (pid == 0) {
+			cases[i].fn();
+			_exit(0);
+		}
+		int st;
+		while (waitpid(pid, &st, 0) < 0)
+			if (errno != EINTR)
+				TL_FAIL("waitpid");
+		bool ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+		printf("  -> case %-12s %s\n", cases[i].name, ok ? "ok" : "FAIL");
+		failed += !ok;
+	}
+	if (failed)
+		fprintf(stderr, "%d case(s) failed\n", failed);
+	return failed ? 1 : 0;
+}
+
 #endif /* SDP_TESTLIB_H */
