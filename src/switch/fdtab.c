@@ -201,23 +201,38 @@ void fd_fallback(int fd, struct sdp_conn *c)
 	 * shares our address space with its parent. */
 }
 
-void fd_before_exec(void)
+/* Does the new program get fd: not close-on-exec, or one of the extra
+ * descriptors (posix_spawn dup2 sources, which the child's dup2 hands
+ * over without close-on-exec)? */
+static bool inherited(int fd, const int *extra, int nextra)
+{
+	for (int i = 0; i < nextra; i++)
+		if (extra[i] == fd)
+			return true;
+	int fl = sys_fcntl(fd, F_GETFD, 0);
+	return fl >= 0 && !(fl & FD_CLOEXEC);
+}
+
+void fd_before_exec_with(const int *extra, int nextra)
 {
 	int hi = atomic_load(&hiwater);
 	for (int fd = 0; fd < hi; fd++) {
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
-			int fl = sys_fcntl(fd, F_GETFD, 0);
-			if (fl >= 0 && !(fl & FD_CLOEXEC))
+			if (inherited(fd, extra, nextra))
 				sdp_listener_withdraw(tab[fd].l);
 			continue;
 		}
 		struct sdp_conn *c = tab[fd].c;
 		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
 			continue;
-		int fl = sys_fcntl(fd, F_GETFD, 0);
-		if (fl >= 0 && !(fl & FD_CLOEXEC))
+		if (inherited(fd, extra, nextra))
 			fd_fallback(fd, c);   /* the new program gets plain TCP */
 	}
+}
+
+void fd_before_exec(void)
+{
+	fd_before_exec_with(NULL, 0);
 }
 
 void fd_dup(int oldfd, int newfd)

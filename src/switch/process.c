@@ -1,9 +1,12 @@
 /*
  * process.c - exec: the new program may not run the switch, so every SDP
  * socket it inherits (not close-on-exec) leaves SDP for plain TCP first
- * (sdp/fallback.c), losing nothing. fork counts, before the child exists,
- * the child's share of each connection and listener (a parent that closes
- * its copy at once is then never taken for the last holder).
+ * (sdp/fallback.c), losing nothing. The same holds for programs started
+ * without our exec: posix_spawn, posix_spawnp, system and popen (glibc
+ * runs its own exec inside them), where a socket can also reach the
+ * program through a posix_spawn dup2 file action. fork counts, before the
+ * child exists, the child's share of each connection and listener (a parent
+ * that closes its copy at once is then never taken for the last holder).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -11,6 +14,9 @@
 #include <unistd.h>
 #include <dlfcn.h>
 #include <alloca.h>
+#include <pthread.h>
+#include <spawn.h>
+#include <stdio.h>
 
 #include "switch/switch.h"
 
@@ -120,4 +126,111 @@ EXPORT int execle(const char *path, const char *arg, ...)
 	COLLECT(arg, ap, argv, envp = va_arg(ap, char **));
 	va_end(ap);
 	return execve(path, argv, envp);
+}
+
+/* ---- programs started without our exec ------------------------------------- */
+
+/* dup2 file actions recorded per posix_spawn_file_actions_t: their source
+ * descriptors reach the new program whatever their close-on-exec flag. */
+#define SPAWN_DUPS 64
+static struct { const void *fa; int fd; } spawn_dups[SPAWN_DUPS];
+static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void dups_forget(const void *fa)
+{
+	for (int i = 0; i < SPAWN_DUPS; i++)
+		if (spawn_dups[i].fa == fa)
+			spawn_dups[i].fa = NULL;
+}
+
+typedef int (*fa_init_fn)(posix_spawn_file_actions_t *);
+typedef int (*fa_dup2_fn)(posix_spawn_file_actions_t *, int, int);
+typedef int (*spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+			const posix_spawnattr_t *, char *const[], char *const[]);
+typedef int (*system_fn)(const char *);
+typedef FILE *(*popen_fn)(const char *, const char *);
+
+EXPORT int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa)
+{
+	pthread_mutex_lock(&spawn_lock);
+	dups_forget(fa);                  /* the address may be reused */
+	pthread_mutex_unlock(&spawn_lock);
+	return ((fa_init_fn)next("posix_spawn_file_actions_init"))(fa);
+}
+
+EXPORT int posix_spawn_file_actions_destroy(posix_spawn_file_actions_t *fa)
+{
+	pthread_mutex_lock(&spawn_lock);
+	dups_forget(fa);
+	pthread_mutex_unlock(&spawn_lock);
+	return ((fa_init_fn)next("posix_spawn_file_actions_destroy"))(fa);
+}
+
+EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa,
+					    int fd, int newfd)
+{
+	int r = ((fa_dup2_fn)next("posix_spawn_file_actions_adddup2"))(fa, fd, newfd);
+	if (r == 0) {
+		pthread_mutex_lock(&spawn_lock);
+		int i = 0;
+		while (i < SPAWN_DUPS && spawn_dups[i].fa)
+			i++;
+		if (i < SPAWN_DUPS) {
+			spawn_dups[i].fa = fa;
+			spawn_dups[i].fd = fd;
+		} else {
+			sdp_log(0, "posix_spawn: too many dup2 file actions to follow; "
+				"fd %d may reach the new program on SDP", fd);
+		}
+		pthread_mutex_unlock(&spawn_lock);
+	}
+	return r;
+}
+
+static void before_spawn(const posix_spawn_file_actions_t *fa)
+{
+	int extra[SPAWN_DUPS], n = 0;
+	if (fa) {
+		pthread_mutex_lock(&spawn_lock);
+		for (int i = 0; i < SPAWN_DUPS; i++)
+			if (spawn_dups[i].fa == fa)
+				extra[n++] = spawn_dups[i].fd;
+		pthread_mutex_unlock(&spawn_lock);
+	}
+	fd_before_exec_with(extra, n);
+}
+
+EXPORT int posix_spawn(pid_t *pid, const char *path,
+		       const posix_spawn_file_actions_t *fa,
+		       const posix_spawnattr_t *attr, char *const argv[],
+		       char *const envp[])
+{
+	SDP_INIT();
+	before_spawn(fa);
+	return ((spawn_fn)next("posix_spawn"))(pid, path, fa, attr, argv, envp);
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *file,
+			const posix_spawn_file_actions_t *fa,
+			const posix_spawnattr_t *attr, char *const argv[],
+			char *const envp[])
+{
+	SDP_INIT();
+	before_spawn(fa);
+	return ((spawn_fn)next("posix_spawnp"))(pid, file, fa, attr, argv, envp);
+}
+
+EXPORT int system(const char *cmd)
+{
+	SDP_INIT();
+	if (cmd)
+		fd_before_exec();
+	return ((system_fn)next("system"))(cmd);
+}
+
+EXPORT FILE *popen(const char *cmd, const char *mode)
+{
+	SDP_INIT();
+	fd_before_exec();
+	return ((popen_fn)next("popen"))(cmd, mode);
 }

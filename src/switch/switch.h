@@ -84,6 +84,8 @@ void fd_fork_child(void);
  * names it becomes plain TCP. */
 void fd_fallback(int fd, struct sdp_conn *c);
 void fd_before_exec(void);
+/* The same, for a program started with extra descriptors (posix_spawn). */
+void fd_before_exec_with(const int *extra, int nextra);
 struct sdp_conn *sdp_fd_conn(int fd);   /* fd_conn + connect/fallback upkeep */
 int  fd_table_size(void);
 void conn_hold(struct sdp_conn *c);
