@@ -406,7 +406,8 @@ def run_cmd(argv, timeout: float, env=None, cwd=None, input: bytes | None = None
 # SDP: `sdp run` and `sdp stat`
 # --------------------------------------------------------------------------
 
-STAT_KEYS = ("sdp_conns", "tcp_conns", "tx_bytes", "rx_bytes")
+STAT_KEYS = ("sdp_conns", "tcp_conns", "tx_bytes", "rx_bytes",
+             "regions_created", "regions_reused", "regions_mapped", "mappings_reused")
 
 
 def _sum_stats(objs) -> dict:

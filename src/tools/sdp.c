@@ -300,8 +300,9 @@ static int cmd_stat(int argc, char **argv)
 	if (json)
 		printf("[");
 	else if (procs)
-		printf("%-8s %-16s %9s %9s %14s %14s\n", "PID", "COMM", "SDP_CONNS",
-		       "TCP_CONNS", "TX_BYTES", "RX_BYTES");
+		printf("%-8s %-16s %9s %9s %14s %14s %13s %13s\n", "PID", "COMM",
+		       "SDP_CONNS", "TCP_CONNS", "TX_BYTES", "RX_BYTES",
+		       "REGIONS(REUSE)", "MAPPED(REUSE)");
 	else
 		printf("%-7s %-4s %-22s %-22s %-5s %-11s %-9s %12s %12s %9s %9s %4s\n",
 		       "PID", "FD", "LOCAL", "REMOTE", "TRANS", "STATE", "MODE",
@@ -326,13 +327,21 @@ static int cmd_stat(int argc, char **argv)
 				comm[20] = 0;
 				unsigned long long sc = pr[i].sdp_conns, tc = pr[i].tcp_conns,
 						   tx = pr[i].tx_bytes, rx = pr[i].rx_bytes;
+				unsigned long long rc = pr[i].regions[0], rr = pr[i].regions_reused[0],
+						   mc = pr[i].regions[1], mr = pr[i].regions_reused[1];
 				if (json)
 					printf("%s\n {\"pid\": %d, \"comm\": \"%s\", \"sdp_conns\": %llu, "
-					       "\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu}",
-					       first ? "" : ",", pid, comm, sc, tc, tx, rx);
-				else
-					printf("%-8d %-16s %9llu %9llu %14llu %14llu\n",
-					       pid, comm, sc, tc, tx, rx);
+					       "\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
+					       "\"regions_created\": %llu, \"regions_reused\": %llu, "
+					       "\"regions_mapped\": %llu, \"mappings_reused\": %llu}",
+					       first ? "" : ",", pid, comm, sc, tc, tx, rx, rc, rr, mc, mr);
+				else {
+					char a[32], b[32];
+					snprintf(a, sizeof a, "%llu(%llu)", rc, rr);
+					snprintf(b, sizeof b, "%llu(%llu)", mc, mr);
+					printf("%-8d %-16s %9llu %9llu %14llu %14llu %14s %13s\n",
+					       pid, comm, sc, tc, tx, rx, a, b);
+				}
 				first = false;
 			}
 			continue;

@@ -157,3 +157,39 @@ def test_redis_10mib_value(redis, sdp, kit, tmp_path):
                              kit.slack(2 * BIG))
     kit.assert_bytes_between("redis-server SDP tx_bytes delta", d["tx_bytes"], 4 * BIG,
                              kit.slack(4 * BIG))
+
+
+CHURN_CLIENTS = 4
+CHURN_REQUESTS = 2000
+
+
+def test_redis_connection_churn(redis, sdp, kit):
+    """redis-benchmark -k 0: a new connection for every request. Every one of
+    them goes over SDP, and (under SDP) the connection memory is reused
+    between redis-benchmark and redis-server instead of made anew."""
+    port = redis.port
+    before = _server_before(sdp, redis)
+    calls0 = _commandstats(kit, port)
+    stats_dir = sdp.new_stats_dir("redis-churn")
+    res = kit.run_cmd(sdp.wrap(["redis-benchmark", "-h", "127.0.0.1", "-p", port,
+                                "-t", "set", "-k", "0", "-c", CHURN_CLIENTS,
+                                "-n", CHURN_REQUESTS, "--csv"]),
+                      timeout=90, env=sdp.env(stats_dir))
+    assert not re.search(r"error|could not|refused|reset", res.stderr + res.stdout, re.I), \
+        res.describe()
+    got = _commandstats(kit, port).get("set", 0) - calls0.get("set", 0)
+    assert got == CHURN_REQUESTS, f"server executed {got} SET of {CHURN_REQUESTS}"
+    if not sdp.enabled:
+        return
+    cl = sdp.client_stats(stats_dir, "redis-benchmark")
+    # one connection per request (plus the benchmark's own set-up ones)
+    assert cl["sdp_conns"] >= CHURN_REQUESTS, f"redis-benchmark: {cl}"
+    assert cl["tcp_conns"] == 0, f"redis-benchmark fell back to TCP: {cl}"
+    assert cl["regions_created"] == cl["sdp_conns"], f"redis-benchmark: {cl}"
+    # a fresh slot at most once per arena slot; everything else reused
+    assert cl["regions_reused"] >= cl["regions_created"] - 8, \
+        f"connection memory was not reused: {cl}"
+    d = kit.delta(sdp.server_stats(redis), before)
+    assert d["sdp_conns"] >= CHURN_REQUESTS, f"redis-server SDP conns delta {d}"
+    assert d["mappings_reused"] >= d["regions_mapped"] - 1, \
+        f"redis-server mapped the client's memory anew: {d}"
