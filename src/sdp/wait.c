@@ -15,8 +15,8 @@
  * SO_SNDTIMEO sleeps in poll() with its deadline instead, and so does a
  * call that has already moved bytes (SDP_WAIT_PARTIAL): TCP returns the
  * partial count on a signal even under SA_RESTART, and poll() is never
- * restarted. (Threads sleeping on the futex behind the watcher are
- * restarted transparently under SA_RESTART, partial count or not.)
+ * restarted (threads behind the watcher then sleep in 1 ms ppoll() slices
+ * instead of on the futex, which would restart).
  */
 #include <errno.h>
 #include <string.h>
@@ -233,8 +233,28 @@ void sdp_unwatch(struct sdp_conn *c)
 }
 
 /* A waiter while another thread watches the fd: sleep on wake_gen. */
-static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline)
+static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline,
+			  bool partial)
 {
+	if (partial) {
+		/* FUTEX_WAIT is restarted under SA_RESTART, so the signal that
+		 * must end this call (it moved bytes) would go unseen: sleep
+		 * in 1 ms slices of ppoll(), which never restarts, instead.
+		 * (Rare: another thread of ours is the watcher.) */
+		uint64_t now = sdp_now_ns(), left = 1000000;
+		if (deadline) {
+			if (now >= deadline)
+				return -EAGAIN;
+			if (deadline - now < left)
+				left = deadline - now;
+		}
+		if (atomic_load(&c->wake_gen) != gen)
+			return 0;
+		struct timespec ts = { 0, (long)left };
+		if (syscall(SYS_ppoll, NULL, 0, &ts, NULL, (size_t)8) < 0 && errno == EINTR)
+			return -EINTR;
+		return 0;
+	}
 	struct timespec ts, *tp = NULL;
 	if (deadline) {
 		uint64_t now = sdp_now_ns();
@@ -379,7 +399,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 			ret = sleep_on_fd(c, fd, flags, deadline);
 			sdp_unwatch(c);       /* let another waiter watch */
 		} else {
-			ret = sleep_on_futex(c, gen, deadline);
+			ret = sleep_on_futex(c, gen, deadline, flags & SDP_WAIT_PARTIAL);
 		}
 		if (ret)
 			break;
