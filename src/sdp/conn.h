@@ -154,7 +154,9 @@ void    sdp_unwatch(struct sdp_conn *c);
  * on cond until it holds or the budget is spent, yielding the CPU to other
  * runnable processes as it goes. */
 uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max);
-void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit);
+void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended);
+/* sched_yield that says whether it ran another task (the CPU is wanted). */
+bool     sdp_yield(void);
 /* Common wait used by tx and rx: spin, arm, sleep. flags: */
 enum {
 	SDP_WAIT_RCVTIMEO = 1u << 0,   /* a receive: SO_RCVTIMEO applies */

@@ -94,9 +94,13 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
  * (the peer is slow, or more processes want the CPUs than there are), every
  * spin is a CPU taken from someone who could make progress. So the budget
  * adapts like an adaptive mutex: restored to the maximum after a spin that
- * paid off, halved after one that did not; at 0, one wait in 8 spins the
+ * paid off, halved after one that did not while another task wanted the CPU
+ * (a sched_yield during the spin ran one); at 0, one wait in 8 spins the
  * full maximum again, so a pattern where spinning pays (a ping-pong whose
- * answer takes longer than a short probe) is found again quickly.
+ * answer takes longer than a short probe) is found again quickly. A miss
+ * on an otherwise idle CPU costs only that CPU's time and keeps the budget:
+ * halving there made event loops (nginx and wrk, one CPU each) sleep
+ * through most of their requests.
  */
 uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max)
 {
@@ -108,10 +112,10 @@ uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_
 	return b;
 }
 
-void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit)
+void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended)
 {
 	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
-	uint32_t nb = hit ? max : b / 2;
+	uint32_t nb = hit ? max : contended ? b / 2 : b;
 	if (nb != b)
 		atomic_store_explicit(cur, nb, memory_order_relaxed);
 }
@@ -301,6 +305,13 @@ static bool peer_copying(struct sdp_conn *c, unsigned what)
 #define SDP_YIELD_RAN_NS 5000
 static _Thread_local bool yield_ran_other;
 
+bool sdp_yield(void)
+{
+	uint64_t t = sdp_now_ns();
+	sched_yield();
+	return sdp_now_ns() - t > SDP_YIELD_RAN_NS;
+}
+
 /* The spin before a sleep: true if the condition came true. With
  * until_shared, give up as soon as a yield shows that another task wants
  * our CPU. */
@@ -321,9 +332,10 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 		return false;
 	uint64_t start = sdp_now_ns(), end = start + (uint64_t)spin * 1000;
 	uint64_t busy_end = start + SDP_BUSY_SPIN_US * 1000ull;
+	bool contended = false;               /* a yield ran another task */
 	for (unsigned i = 1;; i++) {
 		if (cond_met(c, what)) {
-			sdp_spin_result(&c->spin_cur, max, true);
+			sdp_spin_result(&c->spin_cur, max, true, contended);
 			return true;
 		}
 		if (!yield_ran_other) {
@@ -335,7 +347,7 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 		if (now > end && (now > busy_end || !peer_copying(c, what))) {
 			/* The copy may have ended since the check. */
 			bool met = cond_met(c, what);
-			sdp_spin_result(&c->spin_cur, max, met);
+			sdp_spin_result(&c->spin_cur, max, met, contended);
 			return met;
 		}
 		/* Past the first microseconds, let any other runnable
@@ -344,10 +356,10 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 		 * the two there): it answers only when we give the CPU
 		 * away, so every microsecond spun first is lost for it. */
 		if (now - start > 3000 || yield_ran_other) {
-			sched_yield();
-			yield_ran_other = sdp_now_ns() - now > SDP_YIELD_RAN_NS;
+			yield_ran_other = sdp_yield();
+			contended |= yield_ran_other;
 			if (yield_ran_other && until_shared) {
-				sdp_spin_result(&c->spin_cur, max, false);
+				sdp_spin_result(&c->spin_cur, max, false, true);
 				return false;
 			}
 		}

@@ -379,15 +379,16 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			if (deadline && end > deadline)
 				end = deadline;
 			uint64_t t0 = sdp_now_ns(), now = t0;
+			bool contended = false;
 			while (!n && now < end) {
 				for (int k = 0; k < 32; k++)
 					__builtin_ia32_pause();
 				n = scan(s, ev, max);
 				now = sdp_now_ns();
 				if (!n && now - t0 > 3000)
-					sched_yield();
+					contended |= sdp_yield();
 			}
-			sdp_spin_result(&s->spin_cur, sdp_tun.spin_us, n > 0);
+			sdp_spin_result(&s->spin_cur, sdp_tun.spin_us, n > 0, contended);
 			spun = true;
 		}
 		bool shared = false;

@@ -119,11 +119,12 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	spin = sdp_spin_budget(&tcur, &twaits, max);
 	if (timeout_ns != 0 && spin) {
 		uint64_t end = start + (uint64_t)spin * 1000;
+		bool contended = false;
 		if (deadline && end > deadline)
 			end = deadline;
 		for (unsigned k = 1;; k++) {
 			if (sdp_scan(fds, n, cs)) {
-				sdp_spin_result(&tcur, max, true);
+				sdp_spin_result(&tcur, max, true, contended);
 				r = merge_others(fds, n, cs, tmp, &zero, mask);
 				goto out;
 			}
@@ -133,10 +134,10 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 				if (now > end)
 					break;
 				if (now - start > 3000)
-					sched_yield();
+					contended |= sdp_yield();
 			}
 		}
-		sdp_spin_result(&tcur, max, false);
+		sdp_spin_result(&tcur, max, false, contended);
 	}
 	for (;;) {
 		for (nfds_t i = 0; i < n; i++)
