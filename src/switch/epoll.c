@@ -378,18 +378,36 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 			uint64_t end = sdp_now_ns() + (uint64_t)spin * 1000;
 			if (deadline && end > deadline)
 				end = deadline;
-			uint64_t t0 = sdp_now_ns(), now = t0;
-			bool contended = false;
+			uint64_t t0 = sdp_now_ns(), now = t0, next_kernel = t0;
+			bool contended = false, kernel = false;
 			while (!n && now < end) {
 				for (int k = 0; k < 32; k++)
 					__builtin_ia32_pause();
 				n = scan(s, ev, max);
 				now = sdp_now_ns();
+				if (!n && now >= next_kernel) {
+					/* The other members (TCP sockets, pipes,
+					 * timers) count too: ask the kernel, without
+					 * waiting, every 2 us of the spin. */
+					next_kernel = now + 2000;
+					int r = real_epoll_pwait2 ?
+						real_epoll_pwait2(epfd, ev, max, &zero, mask) :
+						real_epoll_pwait(epfd, ev, max, 0, mask);
+					if (r > 0 && (n = filter(s, ev, r)) > 0) {
+						kernel = true;
+						break;
+					}
+				}
 				if (!n && now - t0 > 3000)
 					contended |= sdp_yield();
 			}
 			sdp_spin_result(&s->spin_cur, sdp_tun.spin_us, n > 0, contended);
 			spun = true;
+			if (kernel) {
+				if (n < max)
+					n += scan(s, ev + n, max - n);
+				return n;
+			}
 		}
 		bool shared = false;
 		if (!n) {

@@ -133,6 +133,15 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 				uint64_t now = sdp_now_ns();
 				if (now > end)
 					break;
+				/* The other descriptors count too: ask the
+				 * kernel about them, without waiting. */
+				if ((nfds_t)nsdp < n && !(k & 255)) {
+					r = merge_others(fds, n, cs, tmp, &zero, mask);
+					if (r != 0) {
+						sdp_spin_result(&tcur, max, r > 0, contended);
+						goto out;
+					}
+				}
 				if (now - start > 3000)
 					contended |= sdp_yield();
 			}
