@@ -169,6 +169,9 @@ int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 		 pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 void    sdp_abort_insane(struct sdp_conn *c);
+/* Abort (with the reason logged) if the peer's control block makes no
+ * sense; nothing if the connection is already reset. */
+void    sdp_check_peer(struct sdp_conn *c);
 bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);

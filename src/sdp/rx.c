@@ -102,8 +102,7 @@ static void iov_scatter(const struct iovec *iov, int n, size_t off,
  * -errno = error, 1 = nothing known (wait). */
 static int rx_end_state(struct sdp_conn *c)
 {
-	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
-		sdp_abort_insane(c);
+	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
 	int e = atomic_exchange(&c->so_error, 0);
@@ -653,8 +652,7 @@ unsigned sdp_events(struct sdp_conn *c)
 {
 	struct fab_ep *ep = &c->ep;
 	unsigned ev = 0;
-	if (!sdp_is_reset(c) && !shm_peer_sane(ep))
-		sdp_abort_insane(c);
+	sdp_check_peer(c);
 	if (sdp_is_reset(c))
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
 		       (atomic_load(&c->err_reported) ? 0 : POLLERR);

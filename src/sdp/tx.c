@@ -87,8 +87,7 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
  * the bytes are accepted and dropped once, as TCP does before the RST. */
 static int tx_error(struct sdp_conn *c)
 {
-	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
-		sdp_abort_insane(c);
+	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
 	int e = atomic_exchange(&c->so_error, 0);

@@ -433,6 +433,12 @@ void sdp_abort_insane(struct sdp_conn *c)
 	sdp_conn_abort(c, ECONNRESET);
 }
 
+void sdp_check_peer(struct sdp_conn *c)
+{
+	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
+		sdp_abort_insane(c);
+}
+
 void sdp_conn_abort(struct sdp_conn *c, int err)
 {
 	atomic_store(&c->so_error, err);
