@@ -110,19 +110,14 @@ static void server_main(int l, int out, uint32_t count)
 static struct srv server_start(uint32_t count)
 {
 	struct srv s;
-	int p[2];
-	SYS(pipe(p));
-	fflush(NULL);
-	s.pid = SYS(fork());
+	int p[2], l;
+	SYS(pipe(p));                     /* the server's findings */
+	s.pid = tl_fork_listener(&s.port, &l);
 	if (s.pid == 0) {
 		SYS(close(p[0]));
-		uint16_t port;
-		int l = tl_listen(AF_INET, &port);
-		CHECK_EQ(write(p[1], &port, sizeof port), (ssize_t)sizeof port);
 		server_main(l, p[1], count);
 	}
 	SYS(close(p[1]));
-	CHECK_EQ(read(p[0], &s.port, sizeof s.port), (ssize_t)sizeof s.port);
 	s.report = p[0];
 	return s;
 }

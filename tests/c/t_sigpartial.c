@@ -67,15 +67,11 @@ int main(void)
 {
 	tl_watchdog(20);
 	uint16_t port;
-	int go[2], pp[2];
+	int go[2], l;
 	SYS(pipe(go));
-	SYS(pipe(pp));
-	fflush(NULL);
-	pid_t peer = SYS(fork());
+	pid_t peer = tl_fork_listener(&port, &l);
 	if (peer == 0) {
 		SYS(close(go[1]));
-		int l = tl_listen(AF_INET, &port);
-		CHECK_EQ(write(pp[1], &port, sizeof port), (ssize_t)sizeof port);
 		int s = SYS(accept(l, NULL, NULL));
 		char first[1000];
 		memset(first, 'p', sizeof first);
@@ -88,7 +84,6 @@ int main(void)
 		_exit(0);
 	}
 	SYS(close(go[0]));
-	CHECK_EQ(read(pp[0], &port, sizeof port), (ssize_t)sizeof port);
 	c = tl_connect(AF_INET, port);
 	expect_transport(c);
 	if (tl_sdp_mode()) {

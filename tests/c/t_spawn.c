@@ -19,16 +19,10 @@ extern char **environ;
  * answers "ok" once it has all of it. */
 static pid_t peer(uint16_t *port, const char *mid)
 {
-	int p[2];
-	SYS(pipe(p));
-	fflush(NULL);
-	pid_t pid = SYS(fork());
+	int l;
+	pid_t pid = tl_fork_listener(port, &l);
 	if (pid == 0) {
 		tl_watchdog(20);
-		SYS(close(p[0]));
-		uint16_t lp;
-		int l = tl_listen(AF_INET, &lp);
-		CHECK_EQ(write(p[1], &lp, sizeof lp), (ssize_t)sizeof lp);
 		int s = SYS(accept(l, NULL, NULL));
 		expect_transport(s);
 		/* before: pattern 0..N; then the child's text; then N more */
@@ -45,9 +39,6 @@ static pid_t peer(uint16_t *port, const char *mid)
 		SYS(close(s));
 		_exit(0);
 	}
-	SYS(close(p[1]));
-	CHECK_EQ(read(p[0], port, sizeof *port), (ssize_t)sizeof *port);
-	SYS(close(p[0]));
 	return pid;
 }
 

@@ -85,16 +85,10 @@ static void c_worker(void)
 /* A server process that receives (or sends) TOTAL on one connection. */
 static pid_t server(uint16_t *port, bool sends, uint32_t seed)
 {
-	int p[2];
-	SYS(pipe(p));
-	fflush(NULL);
-	pid_t pid = SYS(fork());
+	int l;
+	pid_t pid = tl_fork_listener(port, &l);
 	if (pid == 0) {
 		tl_watchdog(30);
-		SYS(close(p[0]));
-		uint16_t lp;
-		int l = tl_listen(AF_INET, &lp);
-		CHECK_EQ(write(p[1], &lp, sizeof lp), (ssize_t)sizeof lp);
 		int s = SYS(accept(l, NULL, NULL));
 		expect_transport(s);
 		zc_thresh(s, T);
@@ -110,9 +104,6 @@ static pid_t server(uint16_t *port, bool sends, uint32_t seed)
 		SYS(close(s));
 		_exit(0);
 	}
-	SYS(close(p[1]));
-	CHECK_EQ(read(p[0], port, sizeof *port), (ssize_t)sizeof *port);
-	SYS(close(p[0]));
 	return pid;
 }
 

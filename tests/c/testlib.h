@@ -470,6 +470,34 @@ static inline int tl_have_ipv6(void)
 	return ok;
 }
 
+/* A server in a process of its own that creates its own listener (so it,
+ * not the caller, is what clients' SO_PEERCRED names). Returns 0 in the
+ * child with *l the listening socket, the child's pid in the caller with
+ * *port set. */
+static inline pid_t tl_fork_listener(uint16_t *port, int *l)
+{
+	int p[2];
+	if (pipe(p) < 0)
+		TL_FAIL("pipe");
+	fflush(NULL);
+	pid_t pid = fork();
+	if (pid < 0)
+		TL_FAIL("fork");
+	if (pid == 0) {
+		close(p[0]);
+		*l = tl_listen(AF_INET, port);
+		if (write(p[1], port, sizeof *port) != (ssize_t)sizeof *port)
+			TL_FAIL("write");
+		close(p[1]);
+		return 0;
+	}
+	close(p[1]);
+	if (read(p[0], port, sizeof *port) != (ssize_t)sizeof *port)
+		TL_FAIL("the server process did not report its port");
+	close(p[0]);
+	return pid;
+}
+
 /* Programs made of independent cases: each case runs in a child of its
  * own (a failure or crash ends that case only); prints one line per case
  * and returns the process exit status (1 if any case failed). */
