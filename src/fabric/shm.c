@@ -87,22 +87,38 @@ static bool insane(const char *why)
 	return false;
 }
 
+/*
+ * The checks compare counters that both processes - and other threads of
+ * ours - keep advancing while we read them, so the order of the loads is
+ * what makes a check sound: a lower bound is read before the value it
+ * bounds, an upper bound after it. (Read the other way round, a thread
+ * preempted between two loads saw an honest peer as insane.)
+ */
 bool shm_peer_sane(struct fab_ep *ep)
 {
 	struct shm_side *m = me(ep), *p = peer(ep);
-	uint64_t pprod = atomic_load(&p->prod), mcons = atomic_load(&m->cons);
-	uint64_t mprod = atomic_load(&m->prod), pcons = atomic_load(&p->cons);
-	if (pprod < mcons || pprod - mcons > ep->nslots)
+	/* peer's prod: never below our cons, at most nslots beyond it */
+	uint64_t mcons0 = atomic_load(&m->cons);
+	uint64_t pprod = atomic_load(&p->prod);
+	uint64_t mcons1 = atomic_load(&m->cons);
+	if (pprod < mcons0 || (pprod > mcons1 && pprod - mcons1 > ep->nslots))
 		return insane("messages from nowhere, or unposted");
-	if (pcons > mprod || mprod - pcons > ep->nslots)
+	/* peer's cons: never beyond our prod, at most nslots behind it */
+	uint64_t pcons0 = atomic_load(&p->cons);
+	uint64_t mprod = atomic_load(&m->prod);
+	uint64_t pcons1 = atomic_load(&p->cons);
+	if (pcons0 > mprod || (mprod > pcons1 && mprod - pcons1 > ep->nslots))
 		return insane("credits for messages never sent");
-	if (atomic_load(&p->fin) > 1 ||
-	    (atomic_load(&p->fin) && atomic_load(&p->fin_seq) > pprod))
+	/* a FIN names a message the peer has posted (fin_seq is written first) */
+	uint32_t fin = atomic_load(&p->fin);
+	uint64_t fin_seq = atomic_load(&p->fin_seq);
+	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
 		return insane("FIN after messages that do not exist");
 	if (atomic_load(&p->fb) > 1)
 		return insane("bad fallback mark");
-	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
+	/* we never take more wake-up tokens than the peer has sent */
 	uint64_t tr = atomic_load(&m->tokens_rcvd);
+	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
 		return insane("wake-up tokens that cannot exist");
 	return true;
@@ -150,13 +166,21 @@ int shm_peer_abort(struct fab_ep *ep) { return atomic_load(&peer(ep)->abort) != 
 
 /* ---- message channel ---------------------------------------------------- */
 
+/* Our own counter may be advanced by another thread between the loads:
+ * the pair is used only when that counter did not move meanwhile, so the
+ * peer's value was read while ours was the one compared (else a stale
+ * value of ours beside a fresh one of the peer's looks like nonsense). */
 static uint32_t shm_credits(struct fab_ep *ep)
 {
-	uint64_t sent = atomic_load_explicit(&me(ep)->prod, memory_order_relaxed);
-	uint64_t acked = atomic_load_explicit(&peer(ep)->cons, memory_order_acquire);
-	if (acked > sent || sent - acked > ep->nslots)
-		return 0;                     /* nonsense from the peer: no credit */
-	return ep->nslots - (uint32_t)(sent - acked);
+	for (;;) {
+		uint64_t sent = atomic_load_explicit(&me(ep)->prod, memory_order_acquire);
+		uint64_t acked = atomic_load_explicit(&peer(ep)->cons, memory_order_acquire);
+		if (atomic_load_explicit(&me(ep)->prod, memory_order_acquire) != sent)
+			continue;
+		if (acked > sent || sent - acked > ep->nslots)
+			return 0;             /* nonsense from the peer: no credit */
+		return ep->nslots - (uint32_t)(sent - acked);
+	}
 }
 
 static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
@@ -177,11 +201,15 @@ static int shm_post(struct fab_ep *ep, size_t len)
 
 static uint32_t shm_rx_pending(struct fab_ep *ep)
 {
-	uint64_t p = atomic_load_explicit(&peer(ep)->prod, memory_order_acquire);
-	uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_relaxed);
-	if (p < c || p - c > ep->nslots)
-		return UINT32_MAX;            /* corrupt: caller aborts */
-	return (uint32_t)(p - c);
+	for (;;) {
+		uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_acquire);
+		uint64_t p = atomic_load_explicit(&peer(ep)->prod, memory_order_acquire);
+		if (atomic_load_explicit(&me(ep)->cons, memory_order_acquire) != c)
+			continue;             /* a reader of ours took some: again */
+		if (p < c || p - c > ep->nslots)
+			return UINT32_MAX;    /* corrupt: caller aborts */
+		return (uint32_t)(p - c);
+	}
 }
 
 static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
