@@ -403,11 +403,17 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 	int ret = 0;
 	atomic_fetch_add(&c->nwaiters, 1);
 	for (;;) {
+		/* Arm, take the watch, then check (poll.c says why this order:
+		 * the check must follow the moment we became the watcher). */
 		uint32_t gen = atomic_load(&c->wake_gen);
 		ep->ops->arm(ep, what);
-		if (cond_met(c, what))
+		bool watching = sdp_watch(c);
+		if (cond_met(c, what)) {
+			if (watching)
+				sdp_unwatch(c);
 			break;
-		if (sdp_watch(c)) {
+		}
+		if (watching) {
 			ret = sleep_on_fd(c, fd, flags, deadline);
 			sdp_unwatch(c);       /* let another waiter watch */
 		} else {

@@ -30,6 +30,7 @@
 #include <errno.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "sdp/conn.h"
@@ -223,10 +224,20 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 			sdp_conn_abort(c, ECONNRESET);
 			return -ECONNRESET;
 		}
+		/* Only the watcher may take tokens off the socket (another
+		 * thread's wake-up could be among them); otherwise nap. */
 		ep->ops->arm(ep, FAB_WAIT_ZC);
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		if (atomic_load(&pz->cancel_ack) != first && sys_poll(&p, 1, 20) > 0)
-			sdp_on_wakeup(c, fd);
+		bool watching = sdp_watch(c);
+		if (atomic_load(&pz->cancel_ack) != first) {
+			struct pollfd p = { .fd = fd, .events = POLLIN };
+			struct timespec nap = { 0, 1000000 };
+			if (!watching)
+				nanosleep(&nap, NULL);
+			else if (sys_poll(&p, 1, 20) > 0)
+				sdp_on_wakeup(c, fd);
+		}
+		if (watching)
+			sdp_unwatch(c);
 	}
 	return 0;
 }

@@ -27,14 +27,19 @@ static int64_t ts_to_ns(const struct timespec *t)
 	return t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1;
 }
 
-/* Readiness of the SDP members; returns how many are ready. */
-static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs)
+/* Readiness of the SDP members; returns how many are ready. A member
+ * that falls back to TCP stops being watched (watch may be NULL). */
+static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs, bool *watch)
 {
 	int ready = 0;
 	for (nfds_t i = 0; i < n; i++) {
 		if (!cs[i])
 			continue;
 		if (sdp_fallback_pending(cs[i])) {
+			if (watch && watch[i]) {
+				sdp_unwatch(cs[i]);
+				watch[i] = false;
+			}
 			fd_fallback(fds[i].fd, cs[i]);
 			cs[i] = NULL;             /* polled by the kernel from now on */
 			continue;
@@ -45,6 +50,15 @@ static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs)
 		ready += ev != 0;
 	}
 	return ready;
+}
+
+static void unwatch(struct sdp_conn **cs, bool *watch, nfds_t n)
+{
+	for (nfds_t i = 0; i < n; i++)
+		if (watch[i]) {
+			sdp_unwatch(cs[i]);
+			watch[i] = false;
+		}
 }
 
 /* Poll only the non-SDP members with the given timeout and merge. */
@@ -123,7 +137,7 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 		if (deadline && end > deadline)
 			end = deadline;
 		for (unsigned k = 1;; k++) {
-			if (sdp_scan(fds, n, cs)) {
+			if (sdp_scan(fds, n, cs, NULL)) {
 				sdp_spin_result(&tcur, max, true, contended);
 				r = merge_others(fds, n, cs, tmp, &zero, mask);
 				goto out;
@@ -149,10 +163,23 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 		sdp_spin_result(&tcur, max, false, contended);
 	}
 	for (;;) {
-		for (nfds_t i = 0; i < n; i++)
-			if (cs[i])
-				sdp_arm(cs[i], (unsigned)fds[i].events);
-		if (sdp_scan(fds, n, cs) || timeout_ns == 0) {
+		/* Arm, then become the watcher, then look: a kick after the
+		 * arm sends a token only the watcher drains, and a previous
+		 * watcher that drained one (clearing our arm bit) left before
+		 * we look. Looking before taking the watch could miss that
+		 * wake-up and then sleep for good. */
+		bool shared = false;
+		for (nfds_t i = 0; i < n; i++) {
+			watch[i] = false;
+			if (!cs[i])
+				continue;
+			sdp_arm(cs[i], (unsigned)fds[i].events);
+			watch[i] = sdp_watch(cs[i]);
+			if (!watch[i])
+				shared = true;    /* someone else consumes its tokens */
+		}
+		if (sdp_scan(fds, n, cs, watch) || timeout_ns == 0) {
+			unwatch(cs, watch, n);
 			r = merge_others(fds, n, cs, tmp, &zero, mask);
 			goto out;
 		}
@@ -161,22 +188,13 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			if (cs[i])
 				tmp[i].events = POLLIN;
 		}
-		bool shared = false;
-		for (nfds_t i = 0; i < n; i++) {
-			watch[i] = cs[i] && sdp_watch(cs[i]);
-			if (cs[i] && !watch[i])
-				shared = true;    /* someone else consumes its tokens */
-		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		r = real_ppoll(tmp, n, tp, mask);
-		for (nfds_t i = 0; i < n; i++) {
-			if (!watch[i])
-				continue;
-			if (r > 0 && tmp[i].revents)
+		for (nfds_t i = 0; i < n; i++)
+			if (watch[i] && r > 0 && tmp[i].revents)
 				sdp_on_wakeup(cs[i], fds[i].fd);
-			sdp_unwatch(cs[i]);
-		}
+		unwatch(cs, watch, n);
 		if (r < 0)
 			goto out;
 		int ready = 0;
@@ -186,7 +204,7 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			fds[i].revents = tmp[i].revents;
 			ready += tmp[i].revents != 0;
 		}
-		ready += sdp_scan(fds, n, cs);
+		ready += sdp_scan(fds, n, cs, NULL);
 		if (ready || (deadline && sdp_now_ns() >= deadline)) {
 			r = ready;
 			goto out;
