@@ -214,7 +214,6 @@ struct sdp_listener;
 int  sdp_listener_open(int fd, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
-void sdp_listener_child(struct sdp_listener *l);
 void sdp_listener_withdraw(struct sdp_listener *l);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
 struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);

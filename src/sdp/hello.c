@@ -53,13 +53,10 @@ struct pending {
 	uint64_t rx_ns;                /* when we took it (our clock, not theirs) */
 };
 
-#define LSH_PIDS 64
 struct lshared {                   /* shared by processes forked after listen */
 	pthread_mutex_t lock;
 	_Atomic uint32_t nproc;
-	_Atomic int32_t pids[LSH_PIDS]; /* processes sharing the listener; [0]
-					 * created it (its pid is what clients
-					 * see with SO_PEERCRED) */
+	uint64_t secret;               /* proves a put-back hello is a sibling's */
 };
 
 #define SILENT_MAX 32
@@ -193,7 +190,10 @@ int sdp_listener_open(int fd, struct sdp_listener **out)
 	pthread_mutex_init(&l->sh->lock, &ma);
 	pthread_mutexattr_destroy(&ma);
 	atomic_store(&l->sh->nproc, 1);
-	atomic_store(&l->sh->pids[0], (int32_t)sdp_pid);
+	if (getrandom(&l->sh->secret, sizeof l->sh->secret, 0) != sizeof l->sh->secret) {
+		munmap(l->sh, sizeof *l->sh);
+		goto fail;
+	}
 	*out = l;
 	return 0;
 fail:;
@@ -238,34 +238,23 @@ void sdp_listener_fork(struct sdp_listener *l, int delta)
 		atomic_fetch_sub(&l->sh->nproc, 1);
 }
 
-/* In a forked child: we share the listener (hellos put back by us carry
- * their sender's verified pid, which siblings may then trust). */
-void sdp_listener_child(struct sdp_listener *l)
-{
-	for (int i = 1; i < LSH_PIDS; i++) {
-		int32_t z = 0;
-		if (atomic_compare_exchange_strong(&l->sh->pids[i], &z, (int32_t)sdp_pid))
-			return;
-	}
-}
-
-static bool is_sibling(struct sdp_listener *l, pid_t pid)
-{
-	for (int i = 0; i < LSH_PIDS; i++)
-		if (atomic_load(&l->sh->pids[i]) == (int32_t)pid)
-			return pid != 0;
-	return false;
-}
-
 /* Take one hello from a connected rendezvous socket s (nonblocking).
- * 1: taken into l->pend, 0: nothing there yet, -1: dropped (bad). */
+ * 1: taken into l->pend, 0: nothing there yet, -1: dropped (bad).
+ *
+ * A client's hello is taken from the listener's uid only, and its pid is
+ * the kernel's (SO_PEERCRED). A hello a sibling put back (it took it but
+ * accepted another connection) comes from that sibling, whose uid may
+ * have changed since the fork (nginx workers run as "nobody"): it is
+ * taken when it carries the listener's secret, and keeps the pid the
+ * first taker verified. */
 static int take_hello(struct sdp_listener *l, int s)
 {
+	struct sdp_hello_back b;
 	struct sdp_hello h;
 	/* Room for several descriptors: every one received is closed unless
 	 * it is the single memfd of a well-formed hello. */
 	union { struct cmsghdr c; char buf[CMSG_SPACE(8 * sizeof(int))]; } u;
-	struct iovec iov = { &h, sizeof h };
+	struct iovec iov = { &b, sizeof b };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
 			    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
 	ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
@@ -287,24 +276,25 @@ static int take_hello(struct sdp_listener *l, int s)
 			nfds++;
 		}
 	}
+	h = b.h;
+	bool back = h.flags & SDP_HELLO_RETURNED;
 	struct ucred cr;
 	socklen_t cl = sizeof cr;
-	bool ok = n == (ssize_t)sizeof h && memfd >= 0 && nfds == 1 &&
+	bool ok = n == (ssize_t)(back ? sizeof b : sizeof h) && memfd >= 0 && nfds == 1 &&
 		  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
 		  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
-		  (h.flags & ~SDP_HELLO_POOLED) == 0 &&
+		  (h.flags & ~(SDP_HELLO_POOLED | SDP_HELLO_RETURNED)) == 0 &&
 		  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
-		  cr.uid == l->uid;
+		  (back ? b.secret == l->sh->secret && h.pid > 0 : cr.uid == l->uid);
 	if (!ok) {
 		if (memfd >= 0)
 			sys_close(memfd);
 		sdp_log(2, "rendezvous: dropped a malformed or foreign hello");
 		return -1;
 	}
-	/* The sender's pid is the kernel's word, except for hellos a sibling
-	 * sharing this listener put back, which carry the original's. */
-	if (!is_sibling(l, cr.pid) || h.pid <= 0)
+	if (!back)
 		h.pid = cr.pid;
+	h.flags &= ~SDP_HELLO_RETURNED;
 	if (l->npend == l->cap) {
 		int nc = l->cap ? l->cap * 2 : 16;
 		struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
@@ -322,12 +312,13 @@ static int take_hello(struct sdp_listener *l, int s)
 	return 1;
 }
 
-/* Send a hello with its memfd on a connected rendezvous socket s.
+/* Send a hello (len bytes: a client's, or a returned one with its
+ * secret) with its memfd on a connected rendezvous socket s.
  * Returns 0 or -errno. */
-static int hello_put(int s, const struct sdp_hello *h, int memfd)
+static int hello_put(int s, const void *h, size_t len, int memfd)
 {
 	int r = 0;
-	struct iovec iov = { (void *)h, sizeof *h };
+	struct iovec iov = { (void *)h, len };
 	union { struct cmsghdr c; char buf[CMSG_SPACE(sizeof(int))]; } u;
 	memset(&u, 0, sizeof u);
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
@@ -337,19 +328,22 @@ static int hello_put(int s, const struct sdp_hello *h, int memfd)
 	cm->cmsg_type = SCM_RIGHTS;
 	cm->cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(cm), &memfd, sizeof memfd);
-	if (sys_sendmsg(s, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof *h)
+	if (sys_sendmsg(s, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
 		r = errno ? -errno : -EIO;
 	return r;
 }
 
 /* Put a hello back into our own rendezvous queue (a sibling may need it). */
-static int hello_send(const struct sockaddr_un *name, socklen_t nl,
-		      const struct sdp_hello *h, int memfd)
+static int hello_send(const struct sdp_listener *l, const struct sdp_hello *h,
+		      int memfd)
 {
+	struct sdp_hello_back b = { .h = *h, .secret = l->sh->secret };
+	b.h.flags |= SDP_HELLO_RETURNED;
 	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
-	int r = sys_connect(s, name, nl) < 0 ? -errno : hello_put(s, h, memfd);
+	int r = sys_connect(s, &l->name, l->namelen) < 0 ? -errno :
+		hello_put(s, &b, sizeof b, memfd);
 	sys_close(s);
 	return r;
 }
@@ -452,8 +446,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	if (shared) {
 		/* Put back what others may need, then let them look. */
 		for (int i = l->npend - 1; i >= 0; i--) {
-			hello_send(&l->name, l->namelen, &l->pend[i].h,
-				   l->pend[i].memfd);
+			hello_send(l, &l->pend[i].h, l->pend[i].memfd);
 			drop_pending(l, i);
 		}
 		sdp_unlock(&l->sh->lock);
@@ -617,7 +610,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		memfd = o.fd;
 	h.region_pg = (uint32_t)(o.off / 4096);
 	h.flags = o.pooled ? SDP_HELLO_POOLED : 0;
-	if (hello_put(rv, &h, o.fd) < 0) {
+	if (hello_put(rv, &h, sizeof h, o.fd) < 0) {
 		shm_set_state(&c->ep, SHM_ST_FAILED);   /* nobody will attach */
 		c->ep.ops->detach(&c->ep);
 		sdp_conn_free(c);

@@ -98,6 +98,16 @@ _Static_assert(sizeof(struct sdp_hello) == 80, "hello is 80 bytes");
 #define SDP_HELLO_MAGIC   0x53445048u   /* "SDPH" */
 #define SDP_PROTO_VERSION 4
 #define SDP_HELLO_POOLED  0x1u          /* region is a reusable arena slot */
+/* Only between processes sharing one listener (never from a client): a
+ * hello taken by one of them and put back into the queue for another. It
+ * is followed by the listener's 8-byte secret (struct sdp_hello_back). */
+#define SDP_HELLO_RETURNED 0x80000000u
+
+struct sdp_hello_back {
+	struct sdp_hello h;     /* as the client sent it, h.pid as verified */
+	uint64_t secret;        /* random, known only to the sharing processes */
+};
+_Static_assert(sizeof(struct sdp_hello_back) == 88, "returned hello is 88 bytes");
 
 /*
  * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a

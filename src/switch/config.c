@@ -108,7 +108,6 @@ static void atfork_child(void)
 {
 	sdp_pid = getpid();
 	sdp_pool_atfork_child();
-	fd_fork_child();
 }
 
 static void do_init(void)

@@ -286,12 +286,6 @@ static void listener_count(struct sdp_listener *l, void *arg)
 	sdp_listener_fork(l, *(int *)arg);
 }
 
-static void listener_child(struct sdp_listener *l, void *arg)
-{
-	(void)arg;
-	sdp_listener_child(l);
-}
-
 /* fork(): every connection and listener this process holds gets one more
  * holding process. Counted in the parent before the child exists, so that
  * a parent closing its copy at once can never look like the last holder. */
@@ -320,10 +314,5 @@ static void fork_count(int delta)
 
 void fd_fork_prepare(void) { fork_count(+1); }
 
-void fd_fork_child(void)
-{
-	if (tab)
-		for_each_listener(listener_child, NULL);
-}
 
 void fd_fork_failed(void) { fork_count(-1); }

@@ -79,7 +79,6 @@ void fd_forget(int fd);
 void fd_dup(int oldfd, int newfd);
 void fd_fork_prepare(void);
 void fd_fork_failed(void);
-void fd_fork_child(void);
 /* The connection left SDP (sdp/fallback.c): every fd of this process that
  * names it becomes plain TCP. */
 void fd_fallback(int fd, struct sdp_conn *c);

@@ -34,8 +34,13 @@ def www(tmp_path_factory):
     return d, digests
 
 
-def _nginx_conf(prefix, port, root, sendfile):
-    user = "user root;\n" if os.geteuid() == 0 else ""
+def _nginx_conf(prefix, port, root, sendfile, user=None):
+    """user: the workers' user; default root when we are root (nginx's own
+    default is to switch the workers to nobody: see test_nginx_workers_as_nobody)."""
+    if user:
+        user = f"user {user};\n"
+    else:
+        user = "user root;\n" if os.geteuid() == 0 else ""
     t = prefix / "tmp"
     return f"""{user}worker_processes {WORKERS};
 daemon off;
@@ -96,6 +101,29 @@ def _ppid(pid):
         return -1
 
 
+def _start_nginx(sdp, procs, kit, prefix, root, sendfile, user=None, name="nginx"):
+    (prefix / "tmp").mkdir()
+    port = kit.free_port()
+    conf = prefix / "nginx.conf"
+    conf.write_text(_nginx_conf(prefix, port, root, sendfile, user))
+    proc = procs.start(
+        sdp.wrap(["nginx", "-p", prefix, "-c", conf, "-e", prefix / "error.log"]),
+        name=name, env=sdp.env())
+    kit.wait_port(port, proc)
+    srv = Nginx(proc, port, prefix)
+    deadline = time.monotonic() + 20
+    while True:
+        masters, workers = srv.master_and_workers(kit)
+        if len(masters) == 1 and len(workers) == WORKERS:
+            break
+        if time.monotonic() > deadline:
+            pytest.fail(f"nginx: expected 1 master and {WORKERS} workers, found "
+                        f"{masters} / {workers}\n{proc.log_tail()}", pytrace=False)
+        time.sleep(0.05)
+    srv.master, srv.workers = masters[0], workers
+    return srv
+
+
 @pytest.fixture(scope="module")
 def nginx_server(sdp, module_procs, kit, tmp_path_factory, www):
     """nginx_server(sendfile) -> Nginx, one server per setting, started once."""
@@ -104,30 +132,11 @@ def nginx_server(sdp, module_procs, kit, tmp_path_factory, www):
     servers = {}
 
     def get(sendfile):
-        if sendfile in servers:
-            return servers[sendfile]
-        prefix = tmp_path_factory.mktemp(f"nginx-sendfile-{sendfile}")
-        (prefix / "tmp").mkdir()
-        port = kit.free_port()
-        conf = prefix / "nginx.conf"
-        conf.write_text(_nginx_conf(prefix, port, root, sendfile))
-        proc = module_procs.start(
-            sdp.wrap(["nginx", "-p", prefix, "-c", conf, "-e", prefix / "error.log"]),
-            name=f"nginx-sendfile-{sendfile}", env=sdp.env())
-        kit.wait_port(port, proc)
-        srv = Nginx(proc, port, prefix)
-        deadline = time.monotonic() + 20
-        while True:
-            masters, workers = srv.master_and_workers(kit)
-            if len(masters) == 1 and len(workers) == WORKERS:
-                break
-            if time.monotonic() > deadline:
-                pytest.fail(f"nginx: expected 1 master and {WORKERS} workers, found "
-                            f"{masters} / {workers}\n{proc.log_tail()}", pytrace=False)
-            time.sleep(0.05)
-        srv.master, srv.workers = masters[0], workers
-        servers[sendfile] = srv
-        return srv
+        if sendfile not in servers:
+            prefix = tmp_path_factory.mktemp(f"nginx-sendfile-{sendfile}")
+            servers[sendfile] = _start_nginx(sdp, module_procs, kit, prefix, root, sendfile,
+                                             name=f"nginx-sendfile-{sendfile}")
+        return servers[sendfile]
 
     return get
 
@@ -230,3 +239,66 @@ def test_nginx_wrk(nginx_server, sdp, kit):
             f"requests): {d}"
         kit.assert_bytes_between(f"nginx worker {p} SDP tx_bytes delta", d["tx_bytes"],
                                  by_worker[p] * size)
+
+
+def _uid_of(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return -1
+
+
+def test_nginx_workers_as_nobody(sdp, procs, kit, tmp_path):
+    """nginx's default when started as root: the master stays root, the
+    workers switch to nobody after the fork. They share the listener, so a
+    worker puts back the hellos of connections another worker will accept;
+    those come back from a process of another uid and must still be taken
+    (else the client, already committed to SDP, waits forever). wrk opens
+    100 connections at once; every one must be answered over SDP."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: nginx only switches its workers' user when started as root")
+    kit.require_bins("nginx", "wrk")
+    import pwd
+    import grp
+    nobody = pwd.getpwnam("nobody")
+    group = grp.getgrgid(nobody.pw_gid).gr_name
+    # a document root the workers can read (pytest's tmp is root-only)
+    import tempfile
+    root = tempfile.mkdtemp(prefix="sdp-www-")
+    try:
+        os.chmod(root, 0o755)
+        with open(os.path.join(root, "1k.bin"), "wb") as fh:
+            fh.write(os.urandom(1024))
+        os.chmod(os.path.join(root, "1k.bin"), 0o644)
+        srv = _start_nginx(sdp, procs, kit, tmp_path, root, "off",
+                           user=f"{nobody.pw_name} {group}", name="nginx-nobody")
+        uids = {p: _uid_of(p) for p in srv.workers}
+        assert all(u == nobody.pw_uid for u in uids.values()), \
+            f"nginx workers should run as {nobody.pw_name}: {uids}"
+        if sdp.enabled:
+            before = {p: sdp.procs_stats([p]).get(p) for p in srv.workers}
+            missing = [p for p, v in before.items() if v is None]
+            assert not missing, f"sdp stat --procs does not list nginx workers {missing}"
+        stats_dir = sdp.new_stats_dir("wrk-nobody")
+        res = kit.run_cmd(sdp.wrap(["wrk", "-t", WRK_THREADS, "-c", WRK_CONNS, "-d", "3s",
+                                    "--timeout", "2s", f"http://127.0.0.1:{srv.port}/1k.bin"]),
+                          timeout=40, env=sdp.env(stats_dir))
+        s = _wrk_summary(res.stdout)
+        assert s["requests"] and s["requests"] > 0, f"wrk summary does not parse\n{res.describe()}"
+        assert s["socket_errors"] == [0, 0, 0, 0], \
+            f"wrk socket errors (connect, read, write, timeout) = {s['socket_errors']}\n" \
+            f"{res.stdout}\n{(tmp_path / 'error.log').read_text()[-2000:]}"
+        assert s["non2xx"] == 0, f"wrk: {s['non2xx']} non-2xx/3xx responses\n{res.stdout}"
+        if not sdp.enabled:
+            return
+        cl = sdp.client_stats(stats_dir, "wrk")
+        assert cl["sdp_conns"] >= WRK_CONNS and cl["tcp_conns"] == 0, f"wrk: {cl}"
+        after = sdp.procs_stats(srv.workers)
+        took = {p: kit.delta(after[p], before[p]) for p in srv.workers}
+        assert sum(d["sdp_conns"] for d in took.values()) >= WRK_CONNS, \
+            f"the workers accepted fewer than {WRK_CONNS} connections over SDP: {took}"
+        assert sum(d["tcp_conns"] for d in took.values()) == 0, \
+            f"the workers took wrk's connections as TCP: {took}"
+    finally:
+        import shutil
+        shutil.rmtree(root, ignore_errors=True)

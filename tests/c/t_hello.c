@@ -550,6 +550,18 @@ static void h_bad_flags(struct hctx *x)
 	SYS(close(m));
 }
 
+/* A hello that claims to be put back by a process sharing the listener
+ * (SDP_HELLO_RETURNED) but does not carry the listener's secret. */
+static void h_returned_forged(struct hctx *x)
+{
+	struct sdp_hello_back b = { .h = mk_hello(x->port, x->rport, 94),
+				    .secret = 0x5d5d5d5d5d5d5d5dull };
+	int m = mk_region(94, R_GOOD);
+	b.h.flags = SDP_HELLO_RETURNED;
+	send_to_rv(geteuid(), x->port, &b, sizeof b, &m, 1);
+	SYS(close(m));
+}
+
 /* The control: a forged hello of the listener's own user is taken - a
  * region of its own, or (pooled-forged) a slot three pages into an arena. */
 static int g_forged_mem = -1;
@@ -948,6 +960,7 @@ static const struct hcase cases[] = {
 	{ "pooled-past-end", h_pooled_past_end, NULL },
 	{ "pooled-no-room",  h_pooled_no_room, NULL },
 	{ "bad-flags",       h_bad_flags,     NULL },
+	{ "returned-forged", h_returned_forged, NULL },
 	{ "forged",          h_forged,        NULL },
 	{ "pooled-forged",   h_pooled_forged, NULL },
 	{ "nobody-hello",    NULL,            c_nobody_hello },
