@@ -519,21 +519,26 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	int rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (rv < 0)
 		return NULL;
-	int found = -1;
+	int found = -1, busy = 0;
 	for (int k = 0; k < nc && found < 0; k++) {
 		int i = (first + k) % nc;
 		socklen_t nl = rv_name(&name, uid, &cand[i]);
 		/* A refused connect leaves an AF_UNIX socket reusable. */
 		if (sys_connect(rv, &name, nl) == 0)
 			found = i;
+		else if (errno == EAGAIN)
+			busy++;
 	}
 	if (found < 0) {
+		if (busy)
+			sdp_log(2, "connect fd %d: TCP (the listener's rendezvous queue is full)", fd);
 		sys_close(rv);
 		return NULL;
 	}
 	struct ucred cr;
 	socklen_t cl = sizeof cr;
 	if (sys_getsockopt(rv, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != uid) {
+		sdp_log(2, "connect fd %d: TCP (the listener belongs to another user)", fd);
 		sys_close(rv);                /* squatted by another user: TCP */
 		return NULL;
 	}
@@ -541,6 +546,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	pid_t listener_pid = cr.pid;
 	struct sdp_conn *c = NULL;
 	int memfd = -1;
+	const char *why = "cannot name the local address";
 
 	/* The hello names the whole 4-tuple and must be queued before the
 	 * SYN. A deferred connect (TCP_FASTOPEN_CONNECT with
@@ -558,6 +564,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	bool any_addr = !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16);
 	if (lk.port == 0) {
 		int one = 1;
+		why = "no deferred connect (TCP_FASTOPEN_CONNECT)";
 		if (sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_CONNECT, &one, sizeof one) < 0 ||
 		    sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_NO_COOKIE, &one, sizeof one) < 0)
 			goto fail;
@@ -566,16 +573,20 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		cs->result = r < 0 ? -errno : 0;
 		struct tcp_info ti;
 		socklen_t tl = sizeof ti;
+		why = r < 0 ? strerror(errno) : "the kernel did not defer the SYN";
 		if (r < 0 || sys_getsockopt(fd, SOL_TCP, TCP_INFO, &ti, &tl) < 0 ||
 		    ti.tcpi_state != TCP_SYN_SENT || ti.tcpi_unacked != 0)
 			goto fail;            /* not deferred: stay TCP */
+		why = "cannot name the local address";
 		cs->deferred = true;
 		ll = sizeof la;
 		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
 			goto fail;
 	} else if (any_addr) {
+		why = "bound to a wildcard address with a port";
 		goto fail;                    /* bound to the wildcard: cannot name it */
 	}
+	why = "out of connection slots or memory";
 
 	struct sdp_hello h = {
 		.magic = SDP_HELLO_MAGIC,
@@ -610,6 +621,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		memfd = o.fd;
 	h.region_pg = (uint32_t)(o.off / 4096);
 	h.flags = o.pooled ? SDP_HELLO_POOLED : 0;
+	why = "the hello could not be sent";
 	if (hello_put(rv, &h, sizeof h, o.fd) < 0) {
 		shm_set_state(&c->ep, SHM_ST_FAILED);   /* nobody will attach */
 		c->ep.ops->detach(&c->ep);
@@ -633,6 +645,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 fail:
+	sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
 	if (memfd >= 0)
 		sys_close(memfd);
 	sys_close(rv);

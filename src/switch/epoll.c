@@ -9,6 +9,13 @@
  * shadow members that are ready (level: while ready; edge: once per new
  * arrival or credit return; one-shot: once until EPOLL_CTL_MOD), drains the
  * tokens of tagged kernel events and passes all other events through.
+ *
+ * A socket registered before its connect() (nginx adds its upstream
+ * sockets first) is not SDP yet: the kernel gets the application's
+ * registration, and the shadow keeps a "pending" entry. If connect() makes
+ * it SDP, epoll_adopt() turns that entry into a member (else its SDP data
+ * would never be reported: no arm, no token, no scan); if it stays TCP,
+ * epoll_drop_pending() forgets it.
  */
 #include <errno.h>
 #include <sched.h>
@@ -31,6 +38,8 @@ struct ep_ent {
 	bool disabled;                /* one-shot fired */
 	bool connecting;              /* kernel registration includes EPOLLOUT */
 	bool watching;                /* we are its watcher during this sleep */
+	bool pending;                 /* undecided socket (c == NULL): the kernel
+				       * has the application's registration */
 	uint64_t last_arrived, last_acked;
 	uint32_t last_ev;
 };
@@ -144,21 +153,87 @@ static uint64_t acked(struct sdp_conn *c)
 	return ep->ops->tx_seq(ep) + ep->ops->credits(ep);
 }
 
+/* Shadow entry i (or a new one) for fd; called locked. NULL: no memory. */
+static struct ep_ent *ent_for(struct ep_shadow *s, int i)
+{
+	if (i >= 0)
+		return &s->v[i];
+	if (s->n == s->cap) {
+		int nc = s->cap ? s->cap * 2 : 16;
+		struct ep_ent *nv = realloc(s->v, (size_t)nc * sizeof *nv);
+		if (!nv)
+			return NULL;
+		s->v = nv;
+		s->cap = nc;
+	}
+	return &s->v[s->n++];
+}
+
+/* Not an SDP socket: the kernel has the application's registration. An
+ * undecided TCP socket is remembered as pending (it may become SDP). */
+static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
+		     struct epoll_event *ev)
+{
+	int r = real_epoll_ctl(epfd, op, fd, ev);
+	if (!s || r < 0)
+		return r;
+	bool undecided = op != EPOLL_CTL_DEL && fd_kind(fd) == FDK_INET;
+	pthread_mutex_lock(&s->lock);
+	int i = find(s, fd);
+	if (undecided) {
+		struct ep_ent *e = ent_for(s, i);
+		if (e)
+			*e = (struct ep_ent){ .fd = fd, .events = ev->events,
+					      .data = ev->data, .pending = true };
+	} else if (i >= 0) {
+		remove_at(s, i);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+void epoll_adopt(int fd, struct sdp_conn *c)
+{
+	pthread_mutex_lock(&all_lock);
+	for (struct ep_shadow *s = all; s; s = s->next) {
+		pthread_mutex_lock(&s->lock);
+		int i = find(s, fd);
+		if (i >= 0 && s->v[i].pending) {
+			struct ep_ent *e = &s->v[i];
+			bool connecting = atomic_load(&c->state) == SDP_ST_CONNECTING;
+			struct epoll_event kev = {
+				.events = EPOLLIN | (connecting ? EPOLLOUT : 0),
+				.data.u64 = TAG | (uint32_t)fd,
+			};
+			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, fd, &kev) == 0) {
+				e->c = c;
+				e->pending = false;
+				e->connecting = connecting;
+				e->last_arrived = arrived(c) - 1;
+				e->last_acked = acked(c) - 1;
+				sdp_arm(c, e->events);
+			} else {
+				remove_at(s, i);
+			}
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
+void epoll_drop_pending(int fd)
+{
+	epoll_forget_fd(fd);
+}
+
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	struct ep_shadow *s = shadow_of(epfd, c != NULL);
-	if (!c) {
-		if (s && (op == EPOLL_CTL_DEL || op == EPOLL_CTL_MOD)) {
-			pthread_mutex_lock(&s->lock);
-			int i = find(s, fd);
-			if (i >= 0)
-				remove_at(s, i);
-			pthread_mutex_unlock(&s->lock);
-		}
-		return real_epoll_ctl(epfd, op, fd, ev);
-	}
+	bool undecided = !c && op != EPOLL_CTL_DEL && fd_kind(fd) == FDK_INET;
+	struct ep_shadow *s = shadow_of(epfd, c != NULL || undecided);
+	if (!c)
+		return ctl_plain(s, epfd, op, fd, ev);
 	if (!s) {
 		errno = ENOMEM;
 		return -1;
@@ -182,22 +257,13 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	} else {
 		r = real_epoll_ctl(epfd, op, fd, &kev);
 		if (r == 0) {
-			if (i < 0) {
-				if (s->n == s->cap) {
-					int nc = s->cap ? s->cap * 2 : 16;
-					struct ep_ent *nv = realloc(s->v, (size_t)nc * sizeof *nv);
-					if (!nv) {
-						pthread_mutex_unlock(&s->lock);
-						real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
-						errno = ENOMEM;
-						return -1;
-					}
-					s->v = nv;
-					s->cap = nc;
-				}
-				i = s->n++;
+			struct ep_ent *e = ent_for(s, i);
+			if (!e) {
+				pthread_mutex_unlock(&s->lock);
+				real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+				errno = ENOMEM;
+				return -1;
 			}
-			struct ep_ent *e = &s->v[i];
 			memset(e, 0, sizeof *e);
 			e->fd = fd;
 			e->c = c;
@@ -287,7 +353,7 @@ static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
 	}
 	s->rr++;
 	for (int i = s->n - 1; i >= 0; i--)
-		if (!s->v[i].c)
+		if (!s->v[i].c && !s->v[i].pending)
 			remove_at(s, i);
 	pthread_mutex_unlock(&s->lock);
 	return n;

@@ -134,6 +134,8 @@ void fd_forget(int fd)
 	if (!e)
 		return;
 	uint8_t k = atomic_exchange(&e->kind, FDK_NONE);
+	if (k == FDK_INET)
+		epoll_drop_pending(fd);       /* registered before any connect */
 	if (k == FDK_SDP && e->c && atomic_load(&e->c->fb_done))
 		k = FDK_TCP;                  /* left SDP: the kernel closes it */
 	if (k == FDK_TCP && e->c) {

@@ -157,6 +157,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		if (r == 0 || e == EINPROGRESS) {
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
 			sdp_proc_count(0, 1);
+			epoll_drop_pending(fd);
 		}
 		errno = e;
 		return r;
@@ -166,6 +167,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			sdp_connect_done(c, fd, 0);
 		conn_adopt(fd, c, false, fd_opts(fd));
 		fd_set_sdp(fd, c);
+		epoll_adopt(fd, c);
 		sdp_proc_count(1, 0);
 		sdp_log(2, "connect fd %d: SDP%s", fd, r ? " (in progress)" : "");
 	} else {

@@ -157,6 +157,8 @@ REAL_FUNCS(X)
 
 /* epoll.c */
 void epoll_forget_fd(int fd);
+void epoll_adopt(int fd, struct sdp_conn *c);   /* connect() made fd SDP */
+void epoll_drop_pending(int fd);                /* ... or plain TCP */
 void epoll_shadow_free(struct ep_shadow *s);
 
 /* How long a poll/epoll sleep may last: until deadline (0 = none, NULL

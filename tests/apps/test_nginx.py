@@ -34,7 +34,7 @@ def www(tmp_path_factory):
     return d, digests
 
 
-def _nginx_conf(prefix, port, root, sendfile, user=None):
+def _nginx_conf(prefix, port, root, sendfile, user=None, upstream=None):
     """user: the workers' user; default root when we are root (nginx's own
     default is to switch the workers to nobody: see test_nginx_workers_as_nobody)."""
     if user:
@@ -42,6 +42,12 @@ def _nginx_conf(prefix, port, root, sendfile, user=None):
     else:
         user = "user root;\n" if os.geteuid() == 0 else ""
     t = prefix / "tmp"
+    if upstream:   # a reverse proxy with keep-alive connections to upstream
+        ups = f"    upstream up {{ server {upstream}; keepalive 8; }}\n"
+        loc = ("location / { proxy_pass http://up; proxy_http_version 1.1; "
+               "proxy_set_header Connection \"\"; }")
+    else:
+        ups, loc = "", "location / { }"
     return f"""{user}worker_processes {WORKERS};
 daemon off;
 master_process on;
@@ -62,10 +68,10 @@ http {{
     sendfile {sendfile};
     keepalive_timeout 65;
     keepalive_requests 1000000;
-    server {{
+{ups}    server {{
         listen 127.0.0.1:{port};
         root {root};
-        location / {{ }}
+        {loc}
     }}
 }}
 """
@@ -101,11 +107,12 @@ def _ppid(pid):
         return -1
 
 
-def _start_nginx(sdp, procs, kit, prefix, root, sendfile, user=None, name="nginx"):
+def _start_nginx(sdp, procs, kit, prefix, root, sendfile, user=None, name="nginx",
+                 upstream=None):
     (prefix / "tmp").mkdir()
     port = kit.free_port()
     conf = prefix / "nginx.conf"
-    conf.write_text(_nginx_conf(prefix, port, root, sendfile, user))
+    conf.write_text(_nginx_conf(prefix, port, root, sendfile, user, upstream))
     proc = procs.start(
         sdp.wrap(["nginx", "-p", prefix, "-c", conf, "-e", prefix / "error.log"]),
         name=name, env=sdp.env())
@@ -302,3 +309,50 @@ def test_nginx_workers_as_nobody(sdp, procs, kit, tmp_path):
     finally:
         import shutil
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_nginx_reverse_proxy(nginx_server, www, sdp, procs, kit, tmp_path):
+    """nginx as a reverse proxy (keep-alive upstream connections) in front
+    of the static nginx, both under `sdp run`, curl and wrk as clients. nginx
+    registers each upstream socket with epoll before it connects, so the
+    connection becomes SDP after it was registered; the answer must still
+    be seen. Every hop is SDP, every download byte-exact."""
+    backend = nginx_server("off")
+    root, digests = www
+    proxy = _start_nginx(sdp, procs, kit, tmp_path, root, "off", name="nginx-proxy",
+                         upstream=f"127.0.0.1:{backend.port}")
+    if sdp.enabled:
+        before = {p: sdp.procs_stats([p]).get(p) for p in proxy.workers}
+        assert all(before.values()), f"sdp stat --procs does not list the proxy workers {before}"
+    stats_dir = sdp.new_stats_dir("curl-proxy")
+    for name in ("1k", "1m", "16m", "1k"):
+        out = tmp_path / f"{name}.bin"
+        res = kit.run_cmd(sdp.wrap(["curl", "-sS", "--fail", "--max-time", "20", "-o", out,
+                                    "-w", "%{http_code} %{size_download}",
+                                    f"http://127.0.0.1:{proxy.port}/{name}.bin"]),
+                          timeout=30, env=sdp.env(stats_dir))
+        assert res.stdout.split() == ["200", str(SIZES[name])], res.describe()
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == digests[name], \
+            f"{name}.bin through the proxy differs from the file"
+    wrk_dir = sdp.new_stats_dir("wrk-proxy")
+    res = kit.run_cmd(sdp.wrap(["wrk", "-t", "2", "-c", "50", "-d", "2s", "--timeout", "2s",
+                                f"http://127.0.0.1:{proxy.port}/1k.bin"]),
+                      timeout=30, env=sdp.env(wrk_dir))
+    s = _wrk_summary(res.stdout)
+    assert s["requests"] and s["requests"] > 0, f"wrk summary does not parse\n{res.describe()}"
+    assert s["socket_errors"] == [0, 0, 0, 0] and s["non2xx"] == 0, \
+        f"wrk through the proxy: socket errors {s['socket_errors']}, non-2xx {s['non2xx']}\n" \
+        f"{res.stdout}"
+    if not sdp.enabled:
+        return
+    cl = sdp.client_stats(stats_dir, "curl")
+    assert cl["sdp_conns"] >= 4 and cl["tcp_conns"] == 0, f"curl: {cl}"
+    after = sdp.procs_stats(proxy.workers)
+    d = [kit.delta(after[p], before[p]) for p in proxy.workers]
+    # accepted from curl and wrk, plus at least one upstream connection
+    assert sum(x["sdp_conns"] for x in d) >= 4 + 50 + 1, f"proxy workers: {d}"
+    # (at most one TCP connection: the harness's plain port probe, which a
+    # worker may accept only after the counters above were read)
+    assert sum(x["tcp_conns"] for x in d) <= 1, f"proxy workers used TCP: {d}"
+    kit.assert_bytes_between("proxy SDP rx_bytes (from upstream)", sum(x["rx_bytes"] for x in d),
+                             (1 << 20) + (16 << 20) + 2 * 1024)
