@@ -258,8 +258,12 @@ class Redis(AppExperiment):
 def _nginx_conf(tmp: str, listen: str, body: str, workers: int = 1) -> str:
     for d in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi"):
         os.makedirs(os.path.join(tmp, d), exist_ok=True)
+    # Started as root, nginx runs its workers as nobody unless told: the
+    # workers would then be another user than the other tiers, and SDP is
+    # only used between processes of one user (every hop would be TCP).
+    user = "user root;\n" if os.geteuid() == 0 else ""
     return f"""
-daemon off;
+{user}daemon off;
 master_process on;
 worker_processes {workers};
 worker_rlimit_nofile 8192;

@@ -407,33 +407,30 @@ static bool pending_stale(const struct pending *p, uint64_t now)
 	return kill(p->h.pid, 0) < 0 && errno == ESRCH;
 }
 
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
+/* Take the hello of connection (lk, pk) from the queue. Both alone and
+ * shared, the queue is read only up to the first hello naming it: the
+ * hello of an accepted connection was queued before its SYN, so it is
+ * there; one for the same 4-tuple behind it would belong to a later
+ * connection, which cannot exist while this one does. (Reading the whole
+ * queue and sending every other hello back on each accept made a burst
+ * of connections cost O(n^2): nginx accepted ~100 a second.) Shared, the
+ * hellos read before ours go back into the queue for the siblings. */
+static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
+				const struct key *pk)
 {
-	union sdp_addr la, pa;
-	socklen_t ll = sizeof la, pl = sizeof pa;
-	struct key lk, pk;
-	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
-	    sys_getpeername(newfd, &pa, &pl) < 0 ||
-	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
-		return NULL;
-	if (!is_local(&pk))
-		return NULL;              /* a remote client cannot have said hello */
-
+	struct pending mine = { .memfd = -1 };
 	bool shared = atomic_load(&l->sh->nproc) > 1;
 	if (shared && sdp_lock(&l->sh->lock))
-		return NULL;
-	/* Alone on the listener: stop at our hello (a newer one for the
-	 * same 4-tuple cannot be queued behind it). Shared: take all. */
-	drain_queue(l, shared ? NULL : &lk, &pk);
+		return mine;
+	drain_queue(l, lk, pk);
 	int best = -1;
 	uint64_t now = sdp_now_ns();
 	for (int i = 0; i < l->npend; i++) {
 		const struct sdp_hello *h = &l->pend[i].h;
-		if (hello_matches(h, &lk, &pk) &&
+		if (hello_matches(h, lk, pk) &&
 		    (best < 0 || l->pend[i].rx_ns >= l->pend[best].rx_ns))
 			best = i;
 	}
-	struct pending mine = { .memfd = -1 };
 	if (best >= 0) {
 		mine = l->pend[best];
 		l->pend[best] = l->pend[--l->npend];
@@ -451,40 +448,67 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 		}
 		sdp_unlock(&l->sh->lock);
 	}
-	if (mine.memfd < 0)
-		return NULL;
+	return mine;
+}
 
-	struct sdp_conn *c = sdp_conn_alloc();
-	if (!c) {
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
+{
+	union sdp_addr la, pa;
+	socklen_t ll = sizeof la, pl = sizeof pa;
+	struct key lk, pk;
+	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
+	    sys_getpeername(newfd, &pa, &pl) < 0 ||
+	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
+		return NULL;
+	if (!is_local(&pk))
+		return NULL;              /* a remote client cannot have said hello */
+
+	/* A hello left over from an earlier connection of the same 4-tuple
+	 * that never completed (its client failed or died) names memory that
+	 * is no longer that connection's: its token no longer matches, or the
+	 * region says FAILED. Skip it and look further for the live one. */
+	for (int tries = 0; tries < 4; tries++) {
+		struct pending mine = take_mine(l, &lk, &pk);
+		if (mine.memfd < 0)
+			return NULL;
+		struct sdp_conn *c = sdp_conn_alloc();
+		if (!c) {
+			sys_close(mine.memfd);
+			return NULL;
+		}
+		int r = shm_ep_attach(&c->ep, mine.memfd, 1,
+				      (uint64_t)mine.h.region_pg * 4096,
+				      (mine.h.flags & SDP_HELLO_POOLED) != 0);
 		sys_close(mine.memfd);
-		return NULL;
-	}
-	int r = shm_ep_attach(&c->ep, mine.memfd, 1, (uint64_t)mine.h.region_pg * 4096,
-			      (mine.h.flags & SDP_HELLO_POOLED) != 0);
-	sys_close(mine.memfd);
-	if (r < 0 || shm_token(&c->ep) != mine.h.token ||
-	    shm_get_state(&c->ep) == SHM_ST_FAILED) {
-		sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
-		if (r >= 0)
+		if (r < 0) {
+			sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
+			sdp_conn_free(c);
+			return NULL;
+		}
+		if (shm_token(&c->ep) != mine.h.token ||
+		    shm_get_state(&c->ep) == SHM_ST_FAILED) {
+			sdp_log(1, "hello for fd %d is stale: looking for a newer one", newfd);
 			c->ep.ops->unmap(&c->ep);
-		sdp_conn_free(c);
-		return NULL;
+			sdp_conn_free(c);
+			continue;
+		}
+		sdp_proc_region(1, r == 1);
+		c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
+		c->st.region_reused = r == 1;
+		c->ep.peer_pid = mine.h.pid;
+		c->peer_pid = mine.h.pid;
+		atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
+		c->role = 1;
+		c->transport = 1;
+		c->local = la;
+		c->remote = pa;
+		shm_set_pid(&c->ep, (int32_t)sdp_pid);
+		zc_attach(c);
+		shm_set_state(&c->ep, SHM_ST_ATTACHED);
+		atomic_store(&c->state, SDP_ST_ESTABLISHED);
+		return c;
 	}
-	sdp_proc_region(1, r == 1);
-	c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
-	c->st.region_reused = r == 1;
-	c->ep.peer_pid = mine.h.pid;
-	c->peer_pid = mine.h.pid;
-	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
-	c->role = 1;
-	c->transport = 1;
-	c->local = la;
-	c->remote = pa;
-	shm_set_pid(&c->ep, (int32_t)sdp_pid);
-	zc_attach(c);
-	shm_set_state(&c->ep, SHM_ST_ATTACHED);
-	atomic_store(&c->state, SDP_ST_ESTABLISHED);
-	return c;
+	return NULL;
 }
 
 /* ---- client ------------------------------------------------------------------ */
