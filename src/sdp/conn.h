@@ -216,7 +216,9 @@ void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd);
+/* *refuse < 0: the client said hello but cannot be served (-errno):
+ * reset the connection rather than keep it TCP on our side only. */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
 struct sdp_connect_state {

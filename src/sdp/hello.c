@@ -451,8 +451,9 @@ static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
 	return mine;
 }
 
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse)
 {
+	*refuse = 0;
 	union sdp_addr la, pa;
 	socklen_t ll = sizeof la, pl = sizeof pa;
 	struct key lk, pk;
@@ -467,6 +468,12 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 	 * that never completed (its client failed or died) names memory that
 	 * is no longer that connection's: its token no longer matches, or the
 	 * region says FAILED. Skip it and look further for the live one. */
+	/* The client has committed to SDP once its hello is queued: a hello
+	 * we find but cannot serve for lack of resources (connection slots,
+	 * memory, mappings) must not leave the connection TCP on our side
+	 * only - both ends would wait for each other. *refuse asks the caller
+	 * to reset it (the client sees ECONNRESET). A malformed one (-EPROTO:
+	 * no honest client sends it) leaves the connection plain TCP. */
 	for (int tries = 0; tries < 4; tries++) {
 		struct pending mine = take_mine(l, &lk, &pk);
 		if (mine.memfd < 0)
@@ -474,6 +481,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 		struct sdp_conn *c = sdp_conn_alloc();
 		if (!c) {
 			sys_close(mine.memfd);
+			*refuse = -ENOSPC;
 			return NULL;
 		}
 		int r = shm_ep_attach(&c->ep, mine.memfd, 1,
@@ -483,6 +491,8 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 		if (r < 0) {
 			sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
 			sdp_conn_free(c);
+			if (r != -EPROTO)
+				*refuse = r;
 			return NULL;
 		}
 		if (shm_token(&c->ep) != mine.h.token ||
@@ -508,6 +518,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd)
 		atomic_store(&c->state, SDP_ST_ESTABLISHED);
 		return c;
 	}
+	*refuse = -ESTALE;                    /* only stale hellos found */
 	return NULL;
 }
 

@@ -179,6 +179,19 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	return r;
 }
 
+/* A client that said hello and cannot be served: reset its connection
+ * (it sees ECONNRESET, as if the server had aborted it at once). */
+static void refuse_conn(int lfd, int nfd, int why)
+{
+	sdp_log(0, "accept fd %d: an SDP client could not be served (%s): "
+		"connection reset", lfd, strerror(-why));
+	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+	sys_setsockopt(nfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+	fd_set_kind(nfd, FDK_NONE);
+	real_close(nfd);
+}
+
+/* Record an accepted socket; -1 when it was refused (and closed). */
 static int after_accept(int lfd, int nfd, int flags)
 {
 	struct fdent *e = fd_get(lfd);
@@ -187,7 +200,12 @@ static int after_accept(int lfd, int nfd, int flags)
 		fd_set_kind(nfd, FDK_NONE);
 		return nfd;
 	}
-	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd) : NULL;
+	int refuse = 0;
+	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse) : NULL;
+	if (refuse) {
+		refuse_conn(lfd, nfd, refuse);
+		return -1;
+	}
 	/* Accepted sockets inherit the listener's options, not O_NONBLOCK. */
 	uint8_t opts = (atomic_load(&e->opts) & ~OPT_NONBLOCK) |
 		       ((flags & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
@@ -207,28 +225,42 @@ static int after_accept(int lfd, int nfd, int flags)
 	return nfd;
 }
 
+/* A refused connection is invisible to the application: accept the next
+ * one (a nonblocking listener then says EAGAIN if there is none). */
 EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	SDP_INIT();
-	int n = real_accept(fd, addr, len);
-	if (n < 0)
-		return n;
-	int e = errno;
-	after_accept(fd, n, 0);
-	errno = e;
-	return n;
+	socklen_t len0 = len ? *len : 0;
+	for (;;) {
+		int n = real_accept(fd, addr, len);
+		if (n < 0)
+			return n;
+		int e = errno;
+		if (after_accept(fd, n, 0) >= 0) {
+			errno = e;
+			return n;
+		}
+		if (len)
+			*len = len0;
+	}
 }
 
 EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
 	SDP_INIT();
-	int n = real_accept4(fd, addr, len, flags);
-	if (n < 0)
-		return n;
-	int e = errno;
-	after_accept(fd, n, flags);
-	errno = e;
-	return n;
+	socklen_t len0 = len ? *len : 0;
+	for (;;) {
+		int n = real_accept4(fd, addr, len, flags);
+		if (n < 0)
+			return n;
+		int e = errno;
+		if (after_accept(fd, n, flags) >= 0) {
+			errno = e;
+			return n;
+		}
+		if (len)
+			*len = len0;
+	}
 }
 
 EXPORT int close(int fd)
