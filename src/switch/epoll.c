@@ -414,6 +414,17 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 	return k;
 }
 
+/* Does the set hold an SDP member (not only pending sockets)? */
+static bool has_members(struct ep_shadow *s)
+{
+	bool any = false;
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < s->n && !any; i++)
+		any = s->v[i].c != NULL;
+	pthread_mutex_unlock(&s->lock);
+	return any;
+}
+
 static int wait_common(int epfd, struct epoll_event *ev, int max,
 		       int64_t timeout_ns, const sigset_t *mask)
 {
@@ -423,7 +434,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 		return -1;
 	}
 	struct timespec zero = { 0, 0 };
-	if (!s || !s->n) {
+	if (!s || !s->n || !has_members(s)) {
 		struct timespec ts, *tp = NULL;
 		if (timeout_ns >= 0) {
 			ts.tv_sec = timeout_ns / 1000000000;

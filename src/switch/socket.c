@@ -122,6 +122,7 @@ EXPORT int listen(int fd, int backlog)
 			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
 	}
 	fd_set_listen(fd, l);
+	epoll_drop_pending(fd);               /* a listener never becomes SDP */
 	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
 	return r;
 }
