@@ -49,6 +49,7 @@ struct ep_shadow {
 	int epfd;
 	struct ep_ent *v;
 	int n, cap;
+	int npending;                 /* of the n, pending entries (no member) */
 	unsigned rr;                  /* round-robin start of the scan */
 	_Atomic uint32_t spin_cur, spin_waits;   /* adaptive spin (wait.c) */
 	struct ep_shadow *next;
@@ -56,6 +57,19 @@ struct ep_shadow {
 
 static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ep_shadow *all;
+/* Pending entries in all sets: while 0, connect() and close() of plain
+ * sockets skip the walk over the sets. */
+static _Atomic int pending_total;
+
+/* Count an entry in or out of the pending ones; called locked. */
+static void count_pending(struct ep_shadow *s, struct ep_ent *e, bool pending)
+{
+	if (e->pending == pending)
+		return;
+	e->pending = pending;
+	s->npending += pending ? 1 : -1;
+	atomic_fetch_add(&pending_total, pending ? 1 : -1);
+}
 
 static struct ep_shadow *shadow_of(int epfd, bool create)
 {
@@ -93,6 +107,7 @@ void epoll_shadow_free(struct ep_shadow *s)
 			break;
 		}
 	pthread_mutex_unlock(&all_lock);
+	atomic_fetch_sub(&pending_total, s->npending);
 	free(s->v);
 	free(s);
 }
@@ -107,6 +122,7 @@ static int find(struct ep_shadow *s, int fd)
 
 static void remove_at(struct ep_shadow *s, int i)
 {
+	count_pending(s, &s->v[i], false);
 	s->v[i] = s->v[--s->n];
 }
 
@@ -166,25 +182,28 @@ static struct ep_ent *ent_for(struct ep_shadow *s, int i)
 		s->v = nv;
 		s->cap = nc;
 	}
+	s->v[s->n].pending = false;
 	return &s->v[s->n++];
 }
 
 /* Not an SDP socket: the kernel has the application's registration. An
  * undecided TCP socket is remembered as pending (it may become SDP). */
 static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
-		     struct epoll_event *ev)
+		     struct epoll_event *ev, bool undecided)
 {
 	int r = real_epoll_ctl(epfd, op, fd, ev);
 	if (!s || r < 0)
 		return r;
-	bool undecided = op != EPOLL_CTL_DEL && fd_kind(fd) == FDK_INET;
 	pthread_mutex_lock(&s->lock);
 	int i = find(s, fd);
 	if (undecided) {
 		struct ep_ent *e = ent_for(s, i);
-		if (e)
+		if (e) {
+			bool was = e->pending;
 			*e = (struct ep_ent){ .fd = fd, .events = ev->events,
-					      .data = ev->data, .pending = true };
+					      .data = ev->data, .pending = was };
+			count_pending(s, e, true);
+		}
 	} else if (i >= 0) {
 		remove_at(s, i);
 	}
@@ -194,6 +213,8 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 
 void epoll_adopt(int fd, struct sdp_conn *c)
 {
+	if (!atomic_load(&pending_total))
+		return;
 	pthread_mutex_lock(&all_lock);
 	for (struct ep_shadow *s = all; s; s = s->next) {
 		pthread_mutex_lock(&s->lock);
@@ -207,7 +228,7 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 			};
 			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, fd, &kev) == 0) {
 				e->c = c;
-				e->pending = false;
+				count_pending(s, e, false);
 				e->connecting = connecting;
 				e->last_arrived = arrived(c) - 1;
 				e->last_acked = acked(c) - 1;
@@ -223,7 +244,8 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 
 void epoll_drop_pending(int fd)
 {
-	epoll_forget_fd(fd);
+	if (atomic_load(&pending_total))
+		epoll_forget_fd(fd);      /* a plain socket's entries are pending */
 }
 
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
@@ -233,7 +255,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	bool undecided = !c && op != EPOLL_CTL_DEL && fd_kind(fd) == FDK_INET;
 	struct ep_shadow *s = shadow_of(epfd, c != NULL || undecided);
 	if (!c)
-		return ctl_plain(s, epfd, op, fd, ev);
+		return ctl_plain(s, epfd, op, fd, ev, undecided);
 	if (!s) {
 		errno = ENOMEM;
 		return -1;
@@ -264,6 +286,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 				errno = ENOMEM;
 				return -1;
 			}
+			count_pending(s, e, false);
 			memset(e, 0, sizeof *e);
 			e->fd = fd;
 			e->c = c;
@@ -414,17 +437,6 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 	return k;
 }
 
-/* Does the set hold an SDP member (not only pending sockets)? */
-static bool has_members(struct ep_shadow *s)
-{
-	bool any = false;
-	pthread_mutex_lock(&s->lock);
-	for (int i = 0; i < s->n && !any; i++)
-		any = s->v[i].c != NULL;
-	pthread_mutex_unlock(&s->lock);
-	return any;
-}
-
 static int wait_common(int epfd, struct epoll_event *ev, int max,
 		       int64_t timeout_ns, const sigset_t *mask)
 {
@@ -434,7 +446,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 		return -1;
 	}
 	struct timespec zero = { 0, 0 };
-	if (!s || !s->n || !has_members(s)) {
+	if (!s || s->n == s->npending) {       /* no SDP member */
 		struct timespec ts, *tp = NULL;
 		if (timeout_ns >= 0) {
 			ts.tv_sec = timeout_ns / 1000000000;
