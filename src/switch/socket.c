@@ -228,27 +228,8 @@ static int after_accept(int lfd, int nfd, int flags)
 
 /* A refused connection is invisible to the application: accept the next
  * one (a nonblocking listener then says EAGAIN if there is none). */
-EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
-	SDP_INIT();
-	socklen_t len0 = len ? *len : 0;
-	for (;;) {
-		int n = real_accept(fd, addr, len);
-		if (n < 0)
-			return n;
-		int e = errno;
-		if (after_accept(fd, n, 0) >= 0) {
-			errno = e;
-			return n;
-		}
-		if (len)
-			*len = len0;
-	}
-}
-
-EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
-{
-	SDP_INIT();
 	socklen_t len0 = len ? *len : 0;
 	for (;;) {
 		int n = real_accept4(fd, addr, len, flags);
@@ -262,6 +243,18 @@ EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 		if (len)
 			*len = len0;
 	}
+}
+
+EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+	SDP_INIT();
+	return accept_common(fd, addr, len, 0);
+}
+
+EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+	SDP_INIT();
+	return accept_common(fd, addr, len, flags);
 }
 
 EXPORT int close(int fd)
