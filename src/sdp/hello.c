@@ -357,7 +357,7 @@ static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 	       !memcmp(h->dst_addr, lk->addr, n) && !memcmp(h->src_addr, pk->addr, n);
 }
 
-/* Take queued hellos into l->pend; with lk, stop at its hello. Nothing
+/* Take queued hellos into l->pend, up to the one of (lk, pk). Nothing
  * here blocks: a rendezvous connection that has not sent its hello yet is
  * kept aside (a real client sends before its TCP connect, so a connection
  * we are matching always has its hello queued already) and dropped after a
@@ -389,7 +389,7 @@ static void drain_queue(struct sdp_listener *l, const struct key *lk,
 			continue;
 		}
 		sys_close(s);
-		if (r > 0 && lk && hello_matches(&l->pend[l->npend - 1].h, lk, pk))
+		if (r > 0 && hello_matches(&l->pend[l->npend - 1].h, lk, pk))
 			return;
 	}
 }
