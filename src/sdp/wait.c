@@ -164,35 +164,15 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 		       uint64_t deadline)
 {
 	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
-	if (flags & SDP_WAIT_PARTIAL) {
-		/* The call moved bytes already: like TCP, any signal ends it
-		 * with the partial count, SA_RESTART or not. poll() is never
-		 * restarted, so the signal is seen here. */
-		int64_t ms = deadline ? remaining_ms(deadline) : -1;
-		if (ms == 0)
-			return -EAGAIN;
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int r = sys_poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms));
-		if (r < 0)
-			return errno == EINTR ? -EINTR : 0;
-		if (r == 0)
-			return -EAGAIN;
-		unsigned char b;
-		long n = syscall(SYS_recvfrom, fd, &b, 1, MSG_PEEK | MSG_DONTWAIT,
-				 NULL, NULL);
-		if (n > 0)
-			sdp_on_wakeup(c, fd);
-		else if (n == 0)
-			note_wakeup_result(c, 1);
-		else if (errno != EAGAIN && errno != EINTR)
-			note_wakeup_result(c, -errno);
-		return 0;
-	}
+	/* A call that moved bytes already (SDP_WAIT_PARTIAL) sleeps in poll()
+	 * below: like TCP, any signal ends it with the partial count, SA_RESTART
+	 * or not, and poll() is never restarted, so the signal is seen. */
+	bool partial = flags & SDP_WAIT_PARTIAL;
 	/* A send without SO_SNDTIMEO sleeps the same restartable way (only
 	 * tokens arrive on the socket); the socket's SO_RCVTIMEO expiring
 	 * then just means "sleep again". */
 	bool send_untimed = !use_rcvtimeo && !deadline;
-	if (use_rcvtimeo || send_untimed) {
+	if (!partial && (use_rcvtimeo || send_untimed)) {
 		/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN.
 		 * Peek: only announced tokens may be consumed (drain). */
 		unsigned char b;
