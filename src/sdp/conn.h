@@ -167,6 +167,8 @@ enum {
 };
 int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 		 pthread_mutex_t *held);
+/* Spin as sdp_wait would before sleeping: 1 met, 0 not, or -errno. */
+int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 void    sdp_abort_insane(struct sdp_conn *c);
 /* Abort (with the reason logged) if the peer's control block makes no

@@ -298,7 +298,6 @@ failed:
 	return (ssize_t)n;
 }
 
-int sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);   /* wait.c */
 
 /* Offer the application's buffer as a SinkAvail (Write ZCopy). */
 static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
