@@ -261,9 +261,9 @@ void fd_dup(int oldfd, int newfd)
 	atomic_store(&n->opts, atomic_load(&o->opts));
 }
 
-/* Call fn once for each listener this process holds (several fds may name
- * one listener after dup). */
-static void for_each_listener(void (*fn)(struct sdp_listener *, void *), void *arg)
+/* Count each listener this process holds once (several fds may name one
+ * listener after dup) as held by delta more processes. */
+static void fork_count_listeners(int delta)
 {
 	enum { SEEN = 256 };
 	struct sdp_listener *seen[SEEN];
@@ -279,13 +279,8 @@ static void for_each_listener(void (*fn)(struct sdp_listener *, void *), void *a
 			continue;
 		if (nseen < SEEN)
 			seen[nseen++] = l;
-		fn(l, arg);
+		sdp_listener_fork(l, delta);
 	}
-}
-
-static void listener_count(struct sdp_listener *l, void *arg)
-{
-	sdp_listener_fork(l, *(int *)arg);
 }
 
 /* fork(): every connection and listener this process holds gets one more
@@ -311,7 +306,7 @@ static void fork_count(int delta)
 		else
 			atomic_fetch_sub(&c->nproc, 1);
 	}
-	for_each_listener(listener_count, &delta);
+	fork_count_listeners(delta);
 }
 
 void fd_fork_prepare(void) { fork_count(+1); }
