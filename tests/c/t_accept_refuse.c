@@ -58,6 +58,7 @@ static void server(int l, int rep, int nconn)
 static int ping(uint16_t port)
 {
 	int c = tl_connect(AF_INET, port);
+	expect_transport(c);              /* the client did commit to SDP */
 	struct timeval tv = { 5, 0 };
 	SYS(setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
 	ssize_t k = send(c, "ping", 4, MSG_NOSIGNAL);
