@@ -192,12 +192,13 @@ void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
-/* rx.c: the iovec elements covering stream bytes [off, off+len) of iov. */
-int     iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
-		  struct iovec *out, int max);
 const char *zc_mode_name(int mode);
-uint32_t sdp_zcopy_auto(void);                /* calib.c */
-uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` */
+uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` (calib.c) */
+/* zcopy.c: RDMA Read (write = false) or Write of n bytes at raddr to or
+ * from local[0..nlocal), through a bounce buffer where this host's Cross
+ * Memory Attach is slow between page-aliased buffers (calib.c). */
+ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int nlocal,
+		uint64_t raddr, size_t n, uint64_t key);
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
@@ -240,6 +241,9 @@ struct sdp_tunables {
 	uint32_t zcopy_depth;          /* SrcAvails outstanding (1 = Combined) */
 	uint32_t zcopy_tail;           /* bytes of a large send sent by BCopy */
 	uint32_t zcopy_auto;           /* 1: zcopy_thresh still to be measured */
+	uint32_t copy_auto;            /* 1: the copy routine still to be chosen */
+	uint32_t calib_pending;        /* zcopy_auto || copy_auto, until resolved */
+	uint32_t cma_alias;            /* 1: bounce CMA between page-aliased buffers */
 	uint32_t nslots;
 	uint32_t slot_size;
 };

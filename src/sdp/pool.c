@@ -15,7 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sdp/calib.h"
 #include "sdp/pool.h"
+#include "switch/log.h"
 
 static struct sdp_pool_hdr *pool;
 static struct sdp_proc *myproc;
@@ -141,16 +143,29 @@ void sdp_unlock(pthread_mutex_t *m)
 
 static pthread_once_t auto_once = PTHREAD_ONCE_INIT;
 
+/* The per-host choices (calib.c): read from the cache, or measured once. */
 static void resolve_auto(void)
 {
-	sdp_tun.zcopy_thresh = sdp_zcopy_auto();
-	__atomic_store_n(&sdp_tun.zcopy_auto, 0, __ATOMIC_RELEASE);
+	struct sdp_calib cal;
+	sdp_calib_get(sdp_tun.slot_size, false, &cal);
+	if (sdp_tun.zcopy_auto)
+		sdp_tun.zcopy_thresh = cal.zcopy_thresh;
+	if (sdp_tun.copy_auto)
+		sdp_copy_use(cal.copy);
+	sdp_tun.cma_alias = cal.cma_alias;
+	sdp_log(cal.cached ? 2 : 1, "host calibration (%s%s): copy routine %s, zero-copy "
+		"threshold %u%s, page-aliased zero copy %s", cal.cached ? "cached in " :
+		"measured, cached in ", cal.path, sdp_copy_name(), sdp_tun.zcopy_thresh,
+		sdp_tun.zcopy_thresh ? " bytes" : " (never: Buffer Copy is as cheap here)",
+		cal.cma_alias ? "bounced" : "direct");
+	__atomic_store_n(&sdp_tun.calib_pending, 0, __ATOMIC_RELEASE);
 }
 
-/* The `auto` zero-copy threshold, measured at the first SDP connection. */
+/* The `auto` zero-copy threshold (and copy routine), resolved at the
+ * first SDP connection, before its first byte is copied. */
 uint32_t sdp_zcopy_default(void)
 {
-	if (__atomic_load_n(&sdp_tun.zcopy_auto, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&sdp_tun.calib_pending, __ATOMIC_ACQUIRE))
 		pthread_once(&auto_once, resolve_auto);
 	return sdp_tun.zcopy_thresh;
 }

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "sdp/conn.h"
+#include "sdp/iov.h"
 #include "sdp/proto.h"
 #include "switch/log.h"
 #include <sys/uio.h>
@@ -79,25 +80,6 @@ static void rx_release(struct sdp_conn *c, int fd)
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 
-/* Scatter len bytes from src into the iovec at stream offset off. */
-static void iov_scatter(const struct iovec *iov, int n, size_t off,
-			const char *src, size_t len)
-{
-	for (int i = 0; i < n && len; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t k = iov[i].iov_len - off;
-		if (k > len)
-			k = len;
-		memcpy((char *)iov[i].iov_base + off, src, k);
-		src += k;
-		len -= k;
-		off = 0;
-	}
-}
-
 /* End-of-stream or error state when no data is pending: 0 = EOF,
  * -errno = error, 1 = nothing known (wait). */
 static int rx_end_state(struct sdp_conn *c)
@@ -122,28 +104,6 @@ static bool data_pending(struct sdp_conn *c)
 	struct sdp_bsdh h;
 	const char *pl;
 	return rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_DATA;
-}
-
-/* Build the local iovec for stream bytes [off, off+len) of iov. */
-int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
-		     struct iovec *out, int max)
-{
-	int k = 0;
-	for (int i = 0; i < n && len && k < max; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t m = iov[i].iov_len - off;
-		if (m > len)
-			m = len;
-		out[k].iov_base = (char *)iov[i].iov_base + off;
-		out[k].iov_len = m;
-		k++;
-		len -= m;
-		off = 0;
-	}
-	return k;
 }
 
 /*
@@ -253,7 +213,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		for (int i = 0; i < ln; i++)
 			cap += lv[i].iov_len;
 		n = cap < n ? cap : n;
-		got = ep->ops->rdma_read(ep, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
+		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
 		if (got < 0) {
 			errno = (int)-got;
 			got = -1;

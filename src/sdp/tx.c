@@ -13,35 +13,8 @@
 #include <string.h>
 
 #include "sdp/conn.h"
+#include "sdp/iov.h"
 #include "sdp/proto.h"
-
-static size_t iov_total(const struct iovec *iov, int n)
-{
-	size_t t = 0;
-	for (int i = 0; i < n; i++)
-		t += iov[i].iov_len;
-	return t;
-}
-
-/* Copy len bytes starting at stream offset off of the iovec into dst. */
-static void iov_gather(void *dst, const struct iovec *iov, int n, size_t off,
-		       size_t len)
-{
-	char *d = dst;
-	for (int i = 0; i < n && len; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t k = iov[i].iov_len - off;
-		if (k > len)
-			k = len;
-		memcpy(d, (char *)iov[i].iov_base + off, k);
-		d += k;
-		len -= k;
-		off = 0;
-	}
-}
 
 static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
 		int iovcnt, size_t off, size_t len, bool kick);

@@ -31,6 +31,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sdp/copy.h"
 #include "switch/switch.h"
 #include "sdp/sys.h"
 
@@ -151,6 +152,19 @@ static void do_init(void)
 	else
 		sdp_tun.zcopy_thresh = tun_get("SDP_ZCOPY_THRESH", "zcopy_thresh",
 					       0, 0, UINT32_MAX);
+	/* Copy routine for stream bytes: a name of copy.c, or "auto" (the
+	 * default): the fastest measured on this host (calib.c). */
+	const char *cp = getenv("SDP_COPY");
+	if ((!cp || !*cp) && policy)
+		sdp_policy_setting(policy, "copy", &cp);
+	if (!cp || !*cp || !strcmp(cp, "auto"))
+		sdp_tun.copy_auto = 1;        /* chosen at the first connection */
+	else if (!sdp_copy_use(cp)) {
+		sdp_logf("SDP_COPY=%s: unknown or not supported by this CPU; "
+			 "choosing automatically", cp);
+		sdp_tun.copy_auto = 1;
+	}
+	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;
 	sdp_tun.zcopy_chunk = tun_get("SDP_ZCOPY_CHUNK", "zcopy_chunk",
 				      sdp_tun.zcopy_chunk, 4096, 1u << 30);
 	sdp_tun.zcopy_depth = tun_get("SDP_ZCOPY_DEPTH", "zcopy_depth",

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "sdp/pool.h"
+#include "sdp/calib.h"
 #include "switch/policy.h"
 
 static void usage(void)
@@ -32,7 +33,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: sdp run [--policy FILE] -- CMD [ARGS...]\n"
 		"       sdp stat [--json] [--procs]\n"
-		"       sdp check [--json]\n"
+		"       sdp check [--json] [--recalibrate]\n"
 		"       sdp bench [--quick] [--out DIR] [--only EXP,...] [--pin]\n");
 	exit(2);
 }
@@ -446,9 +447,67 @@ static void policy_err(const char *msg, void *arg)
 	snprintf(out + l, 400 - l, "%s%s", l ? "; " : "", msg);
 }
 
+/* The per-host choices of the library (calib.c): read from its cache, or
+ * measured now (and cached) as the library would at its first connection. */
+static void host_report(bool json, bool force)
+{
+	struct sdp_calib cal;
+	const char *ss = getenv("SDP_SLOT_SIZE");
+	uint32_t slot = ss && atoi(ss) >= 1024 ? (uint32_t)atoi(ss) & ~63u : 32768;
+	sdp_calib_get(slot, force, &cal);
+	const char *env = getenv("SDP_COPY");
+	const char *routine = cal.copy, *source = cal.faked ? "simulated" :
+			      cal.cached ? "cache" : "measured";
+	if (env && *env && strcmp(env, "auto")) {
+		const struct sdp_copy_impl *ci = sdp_copy_find(env);
+		if (ci && ci->usable()) {
+			routine = ci->name;
+			source = "SDP_COPY";
+		}
+	}
+	const char *model = strchr(cal.host, '|');
+	model = model ? model + 1 : "?";
+	if (json) {
+		printf("\"host\": {\"cpu\": \"%s\", \"kernel\": \"%.*s\", "
+		       "\"copy\": {\"routine\": \"%s\", \"source\": \"%s\", \"gbps\": {",
+		       model, (int)strcspn(cal.host, "|"), cal.host, routine, source);
+		for (int i = 0; i < cal.ncopy; i++)
+			printf("%s\"%s\": %.2f", i ? ", " : "", cal.copy_speed[i].name,
+			       cal.copy_speed[i].gbps);
+		printf("}}, \"zcopy\": {\"cma\": %s, \"threshold\": %u, \"page_aliased\": \"%s\", "
+		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, "
+		       "\"cache\": \"%s\"}, ",
+		       cal.cma_ok ? "true" : "false", cal.zcopy_thresh,
+		       cal.cma_alias ? "bounce" : "direct", cal.cma_gbps_same,
+		       cal.cma_gbps_shifted, cal.path);
+		return;
+	}
+	printf("%-20s %s (kernel %.*s)\n", "host", model, (int)strcspn(cal.host, "|"), cal.host);
+	printf("%-20s %s (%s;", "copy_routine", routine, source);
+	for (int i = 0; i < cal.ncopy; i++)
+		printf(" %s %.1f", cal.copy_speed[i].name, cal.copy_speed[i].gbps);
+	printf(" GB/s through a ring)\n");
+	printf("%-20s %u bytes%s; page-aliased transfers %s (CMA 64 KiB: %.1f GB/s same "
+	       "offset, %.1f shifted)\n", "zcopy_threshold", cal.zcopy_thresh,
+	       cal.zcopy_thresh ? "" : " (never)", cal.cma_alias ? "bounced" : "direct",
+	       cal.cma_gbps_same, cal.cma_gbps_shifted);
+	printf("%-20s %s\n", "calibration_cache", cal.path);
+}
+
 static int cmd_check(int argc, char **argv)
 {
-	bool json = argc > 0 && !strcmp(argv[0], "--json");
+	bool json = false, recal = false;
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = true;
+		else if (!strcmp(argv[i], "--recalibrate"))
+			recal = true;
+		else {
+			fprintf(stderr, "sdp check: unknown option '%s'\n", argv[i]);
+			usage();
+			return 2;
+		}
+	}
 	struct check ck[8];
 	int n = 0;
 	memset(ck, 0, sizeof ck);
@@ -522,8 +581,9 @@ static int cmd_check(int argc, char **argv)
 
 	bool cma = ck[3].ok;
 	if (json) {
-		printf("{\"features\": [\"bcopy\"%s], \"checks\": {",
-		       cma ? ", \"zcopy\"" : "");
+		printf("{\"features\": [\"bcopy\"%s], ", cma ? ", \"zcopy\"" : "");
+		host_report(true, recal);
+		printf("\"checks\": {");
 		for (int i = 0; i < n; i++)
 			printf("%s\"%s\": {\"ok\": %s, \"why\": \"%s\"}", i ? ", " : "",
 			       ck[i].name, ck[i].ok ? "true" : "false", ck[i].why);
@@ -533,6 +593,7 @@ static int cmd_check(int argc, char **argv)
 			printf("%-20s %-4s %s\n", ck[i].name, ck[i].ok ? "ok" : "no", ck[i].why);
 		printf("%-20s      bcopy%s\n", "features",
 		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)");
+		host_report(false, recal);
 	}
 	return 0;
 }
