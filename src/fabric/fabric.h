@@ -1,21 +1,54 @@
 /*
- * fabric.h - the provider contract between the SDP engine and a fabric.
+ * fabric.h - the provider contract: the only way the SDP engine (src/sdp/)
+ * reaches a fabric.
  *
- * The engine (src/sdp/) moves messages, credits and zero-copy data only
- * through this table. (The zero-copy control words, struct sdp_zctl, are
- * read and written in place through shm_zc_me/shm_zc_peer: a provider on
- * an RDMA fabric would mirror them with RDMA writes of those words.) A
- * provider gives it, per connection:
+ * A provider is one constant table of operations (struct fab_ops, filled
+ * with designated initializers, as libfabric's providers do). The engine
+ * never names a provider: at set-up fab_choose() (fabric.c) picks the one
+ * able to reach the peer, and from then on the connection's endpoint
+ * (struct fab_ep) carries its table. Nothing else of a provider is visible
+ * outside src/fabric/. A provider gives, per connection:
+ *   - set-up: for the connecting side an opaque offer (bytes that travel
+ *     in the hello, plus descriptors passed with it), which the accepting
+ *     side's provider consumes;
  *   - a reliable, ordered message channel in each direction made of a fixed
- *     number of receive buffers ("slots"); one posted message uses one of the
- *     peer's receive buffers, i.e. one credit;
+ *     number of receive buffers ("slots"); one posted message uses one of
+ *     the peer's receive buffers, i.e. one credit;
  *   - a credit word: how many of our messages the peer has consumed (the
  *     receiver publishes it; on RDMA fabrics this is an RDMA write);
+ *   - marks each side sets in its own state and the peer reads (FIN,
+ *     abort, closed, shutdown of reads, fallback), and a sanity check of
+ *     everything the peer wrote;
+ *   - the zero-copy control words of each side (struct sdp_zctl, proto.h):
+ *     read and written in place, made visible to the peer by zc_publish;
  *   - RDMA Read / RDMA Write of a peer buffer named by address + key;
- *   - a wake-up mechanism: a side that is about to sleep "arms" and the other
- *     side "kicks" it after making progress; the kick makes the endpoint's
- *     wait object (a file descriptor) readable.
- * All functions return >= 0 on success and -errno on failure.
+ *   - wake-ups: a side that is about to sleep "arms" and the other side
+ *     "kicks" it after making progress; the kick makes the connection's
+ *     wait object readable;
+ *   - what a fallback to TCP needs: a frozen position, and our own posted
+ *     messages to re-send.
+ *
+ * Conventions for every operation: it returns >= 0 (or a value) on success
+ * and -errno on failure; "ep" is an endpoint set up by offer or accept and
+ * not yet detached. The engine serialises what it must: posting (tx_buf,
+ * post, mark FIN/ABORT) under the connection's tx_lock, consuming (rx_peek
+ * with a release after it, rx_release) under its rx_lock; everything else
+ * may be called by any thread or forked process that holds the connection,
+ * at any time, and must not block unless it says so. "Release" and
+ * "acquire" below are C11 memory orders; stores the engine makes with
+ * seq_cst atomics before a call are visible to the peer no later than the
+ * effect of the call.
+ *
+ * The wait object of a connection is its TCP socket: the application keeps
+ * the real socket fd, the peer's kick makes it readable (shm writes one
+ * token byte to it), so poll, epoll and blocking reads on that fd wake up
+ * when the peer made progress, and the kernel's FIN/RST on it tells that
+ * the peer process is gone. The fd is passed per call (wfd) because fd
+ * numbers are per process while an endpoint may be shared by forked
+ * processes. (A provider whose wake-ups arrive on another descriptor - a
+ * completion queue's - adds an operation naming it; the sleepers that
+ * would poll it are sdp_wait in src/sdp/wait.c and the poll and epoll
+ * scans of the switch.)
  */
 #ifndef SDP_FABRIC_H
 #define SDP_FABRIC_H
@@ -23,140 +56,295 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 
 struct fab_ep;
+struct sdp_zctl;
 
 /* What a sleeping side waits for (arm/kick). */
 enum fab_wait {
 	FAB_WAIT_RX     = 1u << 0,   /* a message arrives */
 	FAB_WAIT_CREDIT = 1u << 1,   /* the peer consumed messages (credits back) */
+	FAB_WAIT_ZC     = 1u << 2,   /* the peer's zero-copy words moved (RdmaRdCompl,
+				      * cancel acknowledged) */
+};
+
+/*
+ * Marks: facts about one side, set by that side only (mark) and read by
+ * both (marks). Each is set once and never cleared for the connection's
+ * life. Marks of the peer are asked for as they are; marks of our own
+ * side shifted with FAB_MY().
+ */
+enum fab_mark {
+	FAB_M_FIN      = 1u << 0,   /* no message after those posted so far (TCP:
+				     * FIN); set under tx_lock */
+	FAB_M_ABORT    = 1u << 1,   /* reset by this side (TCP: RST) */
+	FAB_M_RD_SHUT  = 1u << 2,   /* shutdown(SHUT_RD): data sent to it now resets */
+	FAB_M_CLOSED   = 1u << 3,   /* this side's socket is fully closed: the last
+				     * thing the side writes to shared state */
+	FAB_M_FB       = 1u << 4,   /* this side left SDP for TCP; set only by
+				     * fb_publish, never by mark */
+	/* Derived, readable for the peer only: */
+	FAB_M_FIN_READ = 1u << 5,   /* FIN, and we consumed every message before it */
+	FAB_M_CAUGHT_UP = 1u << 6,  /* the peer consumed every message we posted */
+};
+#define FAB_MY(m) ((unsigned)(m) << 16)
+/* Whose block a zero-copy compare-and-swap targets (zc_cas). */
+#define FAB_PEERS 0u
+#define FAB_OURS  FAB_MY(1)
+
+/* What the engine tells a provider at set-up. */
+struct fab_setup {
+	uint32_t nslots;       /* offer: receive buffers per direction wanted */
+	uint32_t slot_size;    /* offer: bytes per receive buffer wanted */
+	uint64_t token;        /* the connection's identity, also in the hello:
+				* random, unique per connection */
+	int32_t  pid;          /* our process */
+	int32_t  peer_pid;     /* the peer process as the kernel named it
+				* (SO_PEERCRED of the rendezvous) */
+};
+
+/* The offer: the provider's part of the hello and the descriptors passed
+ * with it. */
+#define FAB_OFFER_MAX 64       /* bytes of a provider's offer in the hello */
+#define FAB_OFFER_FDS 2        /* descriptors passed with it, at most */
+struct fab_offer {
+	uint32_t len;                  /* bytes of data[] used */
+	uint32_t nfds;                 /* descriptors in fds[] */
+	int      fds[FAB_OFFER_FDS];
+	uint32_t close_after;          /* offer: bit i set = the engine closes
+					* fds[i] once sent (or on failure) */
+	bool     reused;               /* offer: the memory served an earlier
+					* connection (statistics) */
+	uint8_t  data[FAB_OFFER_MAX];  /* opaque to the engine */
+};
+
+/* Provider tunables, from the engine's table of tunables (sdp/tunables.c). */
+struct fab_params {
+	uint32_t region_cache;         /* shm: regions per peer arena, 0 = no reuse */
+};
+
+/* A policy's choice of transport for an address (policy.h "use ... FABRIC"). */
+enum fab_pref {
+	FAB_PREF_ANY = 0,              /* whichever provider reaches the peer */
+	FAB_PREF_SHM,
+	FAB_PREF_OFI,
+	FAB_PREF_TCP,                  /* none: plain TCP */
+};
+
+/* Provider ids as carried in the hello (wire values, never reused). */
+enum fab_id {
+	FAB_ID_SHM = 1,
 };
 
 struct fab_ops {
-	const char *name;
+	const char *name;              /* "shm" */
+	uint8_t     id;                /* enum fab_id */
 
-	/* Message channel. tx_buf returns the next send buffer (which needs a
-	 * credit: call only when credits() > 0) and its capacity; post publishes
-	 * len bytes of it. rx_peek returns the idx-th unconsumed message (or -EAGAIN);
-	 * rx_release hands the buffer back to the sender (returns one credit). */
+	/* ---- choice and set-up ------------------------------------------ */
+
+	/* Once per process image, before any other operation: the provider's
+	 * tunables. Called again with new values only before any endpoint
+	 * exists. */
+	void     (*init)(const struct fab_params *p);
+	/* Can this provider carry a connection to the peer at this address
+	 * (shm: an address of this host)? Any thread; may make system calls. */
+	bool     (*reaches)(const struct sockaddr *peer, socklen_t len);
+	/* Connecting side, before its TCP connect: set up ep as side 0 with
+	 * the geometry s asks for, and describe it for the peer in o (data,
+	 * descriptors and which of them the engine closes once sent). The
+	 * provider keeps ownership of the descriptors not marked close_after.
+	 * 0 or -errno (then nothing is left to undo). */
+	int      (*offer)(struct fab_ep *ep, const struct fab_setup *s,
+			  struct fab_offer *o);
+	/* Accepting side: set up ep as side 1 from the peer's offer o (as
+	 * received: validate everything). The engine keeps ownership of
+	 * o->fds and closes them after the call. 0, 1 (set up on memory
+	 * already mapped for an earlier connection: statistics), -EPROTO
+	 * (malformed: no honest peer sends it), -ESTALE (the offer belongs to
+	 * an earlier connection attempt: its token differs or its client
+	 * gave up), or another -errno (out of resources). */
+	int      (*accept)(struct fab_ep *ep, const struct fab_setup *s,
+			   const struct fab_offer *o);
+	/* Connecting side: its TCP connect finished (err 0) or failed, or
+	 * the hello never left (err -errno: no peer will ever accept this
+	 * offer). Under no lock; called once. */
+	void     (*connected)(struct fab_ep *ep, int err);
+	/* The last holder of our side is done with the connection (after
+	 * marking it closed, or after connected() with an error): the memory
+	 * may be reused once the peer is done too. ep is unusable after it. */
+	void     (*detach)(struct fab_ep *ep);
+	/* This process stops using the endpoint while a forked process still
+	 * holds it (the shared endpoint stays as it is). */
+	void     (*unmap)(struct fab_ep *ep);
+
+	/* ---- message channel -------------------------------------------- */
+
+	/* tx_buf returns the next send buffer (which needs a credit: call only
+	 * when credits() > 0) and its capacity (slot_size); post publishes len
+	 * bytes of it (release: the payload is visible before the message).
+	 * Both under tx_lock. */
 	void    *(*tx_buf)(struct fab_ep *ep, size_t *cap);
 	int      (*post)(struct fab_ep *ep, size_t len);
+	/* rx_peek returns the idx-th unconsumed message (acquire: its payload
+	 * is complete) and the buffer's capacity: 0, -EAGAIN (fewer than idx+1
+	 * pending) or -EPROTO (the peer's counters make no sense: abort). The
+	 * message stays in shared memory: copy its header out before checking
+	 * it. rx_release hands the head buffer back to the sender (one credit;
+	 * release). Under rx_lock; rx_peek also lock-free as a snapshot. */
 	int      (*rx_peek)(struct fab_ep *ep, uint32_t idx, const void **msg,
 			    size_t *cap);
 	int      (*rx_release)(struct fab_ep *ep);
+	/* Credits we hold (0 if the peer's count is nonsense); messages
+	 * waiting for us (UINT32_MAX if the peer's count is nonsense); our
+	 * messages posted so far; the peer's messages consumed so far. Any
+	 * thread, lock-free. */
 	uint32_t (*credits)(struct fab_ep *ep);
-	uint32_t (*rx_pending)(struct fab_ep *ep);     /* messages waiting */
-	uint64_t (*tx_seq)(struct fab_ep *ep);         /* messages posted so far */
-	uint64_t (*rx_seq)(struct fab_ep *ep);         /* messages consumed so far */
+	uint32_t (*rx_pending)(struct fab_ep *ep);
+	uint64_t (*tx_seq)(struct fab_ep *ep);
+	uint64_t (*rx_seq)(struct fab_ep *ep);
 
-	/* RDMA by address + key (the key names the peer's memory): len bytes
-	 * at raddr, to or from our scattered buffer local[0..nlocal). Return
-	 * the bytes moved (a short count is progress) or -errno. */
+	/* ---- marks and the peer's sanity --------------------------------- */
+
+	/* Set enum fab_mark bits (not FAB_M_FB) in our own state (seq_cst).
+	 * FIN records the messages posted so far: call it under tx_lock. */
+	void     (*mark)(struct fab_ep *ep, unsigned m);
+	/* Which of the marks in want hold: the peer's as enum fab_mark, ours
+	 * as FAB_MY(enum fab_mark). Acquire; lock-free. */
+	unsigned (*marks)(struct fab_ep *ep, unsigned want);
+	/* Does everything the peer wrote make sense with what we know? false:
+	 * the caller aborts the connection; *why (if why is not NULL) says
+	 * what was wrong, in a static string. Lock-free, any thread: counters
+	 * other threads of ours advance meanwhile never make an honest peer
+	 * look insane. */
+	bool     (*peer_sane)(struct fab_ep *ep, const char **why);
+
+	/* ---- zero-copy control words (struct sdp_zctl) ------------------- */
+
+	/* Our block, written by us only (except its sink_state, see zc_cas),
+	 * and the peer's, which we only read (atomic loads, acquire). After
+	 * writing words of our block, the engine publishes them: zc_publish
+	 * makes bytes [off, off+len) of our block visible to the peer no later
+	 * than any message posted or kick sent after it (shm: nothing to do,
+	 * the block is shared). The peer may see the words of one call in any
+	 * order: a word that makes others valid (an id, a state) is published
+	 * by a later call. */
+	struct sdp_zctl *(*zc_me)(struct fab_ep *ep);
+	struct sdp_zctl *(*zc_peer)(struct fab_ep *ep);
+	void     (*zc_publish)(struct fab_ep *ep, size_t off, size_t len);
+	/* Compare-and-swap of the 32-bit word at offset off of a block (whose:
+	 * FAB_OURS or FAB_PEERS), atomic with the peer's zc_cas of the
+	 * same word; returns the value found (== expect: swapped). Only
+	 * sink_state is ever swapped. seq_cst. */
+	uint32_t (*zc_cas)(struct fab_ep *ep, unsigned whose, size_t off,
+			   uint32_t expect, uint32_t desired);
+	/* The probe that tells whether we may RDMA-read the peer: probe_addr
+	 * is what we publish (zctl probe_addr) for the peer's probe of us;
+	 * probe reads the peer's published address raddr with key: 1 if it
+	 * holds what it should, -EPROTO if not, -errno if the read failed. */
+	uint64_t (*probe_addr)(struct fab_ep *ep);
+	int      (*probe)(struct fab_ep *ep, uint64_t raddr, uint64_t key);
+
+	/* ---- RDMA by address + key ---------------------------------------- */
+
+	/* len bytes at raddr, to or from our scattered buffer local[0..nlocal);
+	 * the key names the peer's memory (shm: a process the engine verified
+	 * holds the far end). Blocking until done. Return the bytes moved (a
+	 * short count is progress) or -errno (-EPERM/-EACCES: refused). */
 	ssize_t  (*rdma_read)(struct fab_ep *ep, const struct iovec *local, int nlocal,
 			      uint64_t raddr, size_t len, uint64_t rkey);
 	ssize_t  (*rdma_write)(struct fab_ep *ep, const struct iovec *local, int nlocal,
 			       uint64_t raddr, size_t len, uint64_t rkey);
 
-	/* Wake-ups. arm: ask the peer to kick us for `what`; disarm undoes it.
-	 * kick: after progress of kind `what` (FAB_WAIT_RX: we posted;
-	 * FAB_WAIT_CREDIT: we released), wake the peer if it armed for it.
-	 * drain: consume pending wake-up tokens; returns 0 or -ECONNRESET/-EPIPE
-	 * when the wait object reports the peer gone (1 = orderly EOF seen). */
+	/* ---- wake-ups ------------------------------------------------------ */
+
+	/* arm: ask the peer to kick us for `what` (enum fab_wait; a full fence
+	 * follows, so a check after it sees any progress made before the
+	 * peer's next kick); disarm undoes it. kick: after progress of kind
+	 * `what` (RX: we posted; CREDIT: we released; ZC: our zero-copy words
+	 * moved), wake the peer if it armed for it: 1 if a wake-up was sent, 0
+	 * if none was needed, -errno. drain: consume pending wake-ups on wfd;
+	 * 0, 1 = the peer's socket is closed (orderly EOF seen) or -errno
+	 * (-ECONNRESET, -EPIPE: the peer is gone). */
 	void     (*arm)(struct fab_ep *ep, unsigned what);
 	void     (*disarm)(struct fab_ep *ep, unsigned what);
 	int      (*kick)(struct fab_ep *ep, int wfd, unsigned what);
 	int      (*drain)(struct fab_ep *ep, int wfd);
-	/* detach: the last holder of our side is done with the connection
-	 * (the memory may be reused once the peer is done too); unmap: this
-	 * process stops using it while a forked process still holds it. */
-	void     (*detach)(struct fab_ep *ep);
-	void     (*unmap)(struct fab_ep *ep);
+	/* Wake-up tokens the peer has put on the TCP socket that we have not
+	 * consumed yet (0 for a provider whose wake-ups never travel on it),
+	 * and the engine's note that it consumed n of them itself (fallback:
+	 * the last tokens are read off the socket before application bytes). */
+	uint64_t (*tokens_due)(struct fab_ep *ep);
+	void     (*tokens_took)(struct fab_ep *ep, uint64_t n);
+
+	/* ---- fallback to TCP ------------------------------------------------ */
+
+	/* Freeze our side: no more wake-up tokens (their count becomes final),
+	 * record how far we consumed the peer's messages (all before rx_seq,
+	 * plus rx_off bytes of the next one), then set FAB_M_FB. Under both
+	 * locks. fb_peer_pos gives the peer's recorded position, valid once
+	 * the peer's FAB_M_FB is seen. tx_msg: our own message seq as posted
+	 * (tx_seq - nslots <= seq < tx_seq, not yet consumed by the peer),
+	 * for re-sending its payload on TCP; copy it out before checking. */
+	void     (*fb_publish)(struct fab_ep *ep, uint32_t rx_off);
+	void     (*fb_peer_pos)(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
+	const void *(*tx_msg)(struct fab_ep *ep, uint64_t seq);
 };
 
 /*
- * The wait object of a connection is its TCP socket: the application keeps
- * the real socket fd, the peer's kick writes one token byte to it, so poll,
- * epoll and blocking reads on that fd wake up when the peer made progress,
- * and the kernel's FIN/RST on it tells that the peer process is gone. The
- * fd is passed per call (wfd) because fd numbers are per process while an
- * endpoint may be shared by forked processes.
+ * An endpoint lives in memory shared with forked children (the connection
+ * pool), so it holds no pointers except into mappings inherited by fork.
+ * The engine reads ops, side, nslots, slot_size and flags; the rest is the
+ * provider's.
  */
-
-/* An endpoint lives in memory shared with forked children (the connection
- * pool), so it holds no pointers except into mappings inherited by fork. */
 struct fab_ep {
-	const struct fab_ops *ops;
-	void     *base;        /* mapping of the connection region */
-	size_t    len;         /* its length in bytes */
+	const struct fab_ops *ops;     /* the provider; NULL: no endpoint (TCP) */
 	uint32_t  side;        /* 0 = connecting side, 1 = accepting side */
 	uint32_t  nslots;      /* receive buffers per direction (= max credits) */
-	uint32_t  slot_size;   /* bytes per receive buffer */
-	int32_t   peer_pid;    /* for RDMA by Cross Memory Attach */
+	uint32_t  slot_size;   /* bytes per receive buffer (largest message) */
 	uint32_t  flags;       /* FAB_EP_* */
+	void     *base;        /* provider's: shm maps the connection region here */
+	size_t    len;         /* provider's: shm: the mapping's length in bytes */
 };
 
 enum {
-	FAB_EP_POOLED = 1u << 0,   /* the region is reused (shm_region.c) */
+	FAB_EP_POOLED = 1u << 0,   /* the memory is reused between connections
+				    * (statistics) */
 };
 
-extern const struct fab_ops fab_shm_ops;
+/* ---- the registry (fabric.c) ------------------------------------------- */
 
-/* shm provider set-up (fabric/shm_region.c). create: a region sized for
- * nslots x slot_size per direction, mapped as side 0 - a slot of the arena
- * this process keeps for the peer process when one is free, else a memfd
- * of its own; the offer says what to pass to the peer. attach: map a region received from the peer,
- * validating its header; returns 1 if an existing mapping was reused. */
-struct shm_offer {
-	int      fd;           /* memfd to send with the hello */
-	bool     own_fd;       /* a memfd of its own: close it once sent */
-	bool     pooled;       /* an arena slot: the peer may keep its mapping */
-	bool     reused;       /* the slot served an earlier connection */
-	uint64_t off;          /* offset of the region in the memfd (pages) */
+/* Every provider's init, once per process image. */
+void fab_init(const struct fab_params *p);
+/* The provider for a connection to peer, as the policy prefers: NULL when
+ * none may carry it (plain TCP). */
+const struct fab_ops *fab_choose(const struct sockaddr *peer, socklen_t len,
+				 enum fab_pref pref);
+/* The provider a hello names (enum fab_id), or NULL. */
+const struct fab_ops *fab_by_id(unsigned id);
+
+/* The names of the preferences (policy files, logs): header-only, so that
+ * the policy parser and the tools need no provider. */
+static const char *const fab_pref_names[] = {
+	[FAB_PREF_ANY] = "any", [FAB_PREF_SHM] = "shm",
+	[FAB_PREF_OFI] = "ofi", [FAB_PREF_TCP] = "tcp",
 };
-int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
-		       int32_t peer, struct fab_ep *ep, struct shm_offer *o);
-int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
-		   bool pooled);
-void shm_region_tune(uint32_t arena_slots);   /* 0: no reuse */
-/* Fields of the shared header other layers use. */
-uint64_t shm_token(struct fab_ep *ep);
-void shm_set_state(struct fab_ep *ep, uint32_t st);
-uint32_t shm_get_state(struct fab_ep *ep);
-void shm_set_pid(struct fab_ep *ep, int32_t pid);
-void shm_set_fin(struct fab_ep *ep);         /* our direction is finished */
-int  shm_peer_fin(struct fab_ep *ep);        /* peer direction finished, all consumed */
-void shm_set_abort(struct fab_ep *ep);
-int  shm_peer_abort(struct fab_ep *ep);
-int  shm_peer_fin_seen(struct fab_ep *ep);   /* FIN received, maybe data before it */
-bool shm_peer_sane(struct fab_ep *ep);       /* false: abort the connection */
-const char *shm_peer_insane_why(void);       /* what the last false was about */
-void shm_set_closed(struct fab_ep *ep);      /* our socket is fully closed */
-void shm_set_rd_shut(struct fab_ep *ep);
-int  shm_peer_rd_shut(struct fab_ep *ep);
-int  shm_peer_closed(struct fab_ep *ep);
-int  shm_peer_caught_up(struct fab_ep *ep);
-
-/* Zero-copy control words of each side (layout: struct sdp_zctl). */
-struct sdp_zctl;
-struct sdp_zctl *shm_zc_me(struct fab_ep *ep);
-struct sdp_zctl *shm_zc_peer(struct fab_ep *ep);
-
-/* Fallback to TCP (sdp/fallback.c). */
-int  shm_peer_fb(struct fab_ep *ep);
-int  shm_my_fb(struct fab_ep *ep);
-void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);
-void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
-uint64_t shm_tokens_due(struct fab_ep *ep);
-void shm_tokens_took(struct fab_ep *ep, uint64_t n);
-const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq);
-
-enum shm_state {
-	SHM_ST_CONNECTING = 0,   /* client sent its hello, TCP connect running */
-	SHM_ST_CONNECTED  = 1,   /* client's TCP connect succeeded */
-	SHM_ST_ATTACHED   = 2,   /* server accepted and attached */
-	SHM_ST_FAILED     = 3,   /* client's connect failed: hello is stale */
-};
+static inline const char *fab_pref_name(enum fab_pref pref)
+{
+	return (unsigned)pref < sizeof fab_pref_names / sizeof fab_pref_names[0] ?
+	       fab_pref_names[pref] : "?";
+}
+/* 0 and the preference a name says, or -1 for an unknown name. */
+static inline int fab_pref_parse(const char *name, enum fab_pref *pref)
+{
+	for (unsigned i = 0; i < sizeof fab_pref_names / sizeof fab_pref_names[0]; i++)
+		if (!__builtin_strcmp(name, fab_pref_names[i])) {
+			*pref = (enum fab_pref)i;
+			return 0;
+		}
+	return -1;
+}
 
 #endif

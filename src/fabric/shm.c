@@ -22,9 +22,17 @@
  * Wake-ups: a side about to sleep sets arm bits in its control block; the
  * other side, after progress, clears a set bit and writes one token byte to
  * the connection's TCP socket, which makes the sleeper's fd readable.
+ *
+ * Marks (FIN, abort, closed, ...) are words of the control block; the
+ * zero-copy control words are a part of it too, so publishing them is
+ * nothing. This file is the ops table (fab_shm_ops, at the end); set-up
+ * and tear-down are in shm_region.c.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -41,60 +49,87 @@
 #include "fabric/shm_layout.h"
 
 /* Tokens the peer announced that we have not consumed yet. */
-static uint64_t tokens_due(struct fab_ep *ep)
+static uint64_t shm_tokens_due(struct fab_ep *ep)
 {
 	uint64_t sent = atomic_load(&peer(ep)->tokens_sent) & ~TOKENS_FROZEN;
 	uint64_t got = atomic_load(&me(ep)->tokens_rcvd);
 	return sent > got ? sent - got : 0;
 }
 
-struct sdp_zctl *shm_zc_me(struct fab_ep *ep) { return &me(ep)->zc; }
-struct sdp_zctl *shm_zc_peer(struct fab_ep *ep) { return &peer(ep)->zc; }
-
-uint64_t shm_token(struct fab_ep *ep) { return H(ep)->token; }
-void shm_set_state(struct fab_ep *ep, uint32_t st) { atomic_store(&H(ep)->state, st); }
-uint32_t shm_get_state(struct fab_ep *ep) { return atomic_load(&H(ep)->state); }
-void shm_set_pid(struct fab_ep *ep, int32_t pid) { atomic_store(&me(ep)->pid, pid); }
-
-void shm_set_fin(struct fab_ep *ep)
+static void shm_tokens_took(struct fab_ep *ep, uint64_t n)
 {
-	struct shm_side *m = me(ep);
-	if (atomic_load(&m->fin))
-		return;
-	atomic_store(&m->fin_seq, atomic_load(&m->prod));
-	atomic_store(&m->fin, 1);
+	atomic_fetch_add(&me(ep)->tokens_rcvd, n);
 }
 
-int shm_peer_fin(struct fab_ep *ep)
+/* ---- marks -------------------------------------------------------------- */
+
+static void shm_mark(struct fab_ep *ep, unsigned m)
 {
-	struct shm_side *p = peer(ep);
-	if (!atomic_load_explicit(&p->fin, memory_order_acquire))
-		return 0;
-	return atomic_load(&me(ep)->cons) >= atomic_load(&p->fin_seq);
+	struct shm_side *s = me(ep);
+	if ((m & FAB_M_FIN) && !atomic_load(&s->fin)) {
+		atomic_store(&s->fin_seq, atomic_load(&s->prod));
+		atomic_store(&s->fin, 1);
+	}
+	if (m & FAB_M_ABORT)
+		atomic_store(&s->abort, 1);
+	if (m & FAB_M_RD_SHUT)
+		atomic_store(&s->rd_shut, 1);
+	if (m & FAB_M_CLOSED)
+		atomic_store(&s->closed, 1);
 }
 
-void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
-
-/* Everything the peer wrote in its control block must make sense with
- * what we know; if not, the caller aborts the connection. The reason of
- * the last failed check (this thread) is kept for the log. */
-static __thread const char *insane_why;
-const char *shm_peer_insane_why(void) { return insane_why ? insane_why : "?"; }
-
-static bool insane(const char *why)
+/* The marks of one side block (the plain ones). */
+static unsigned side_marks(struct shm_side *s, unsigned want)
 {
-	insane_why = why;
-	return false;
+	unsigned m = 0;
+	if ((want & FAB_M_FIN) && atomic_load_explicit(&s->fin, memory_order_acquire))
+		m |= FAB_M_FIN;
+	if ((want & FAB_M_ABORT) && atomic_load_explicit(&s->abort, memory_order_acquire))
+		m |= FAB_M_ABORT;
+	if ((want & FAB_M_RD_SHUT) && atomic_load_explicit(&s->rd_shut, memory_order_acquire))
+		m |= FAB_M_RD_SHUT;
+	if ((want & FAB_M_CLOSED) && atomic_load_explicit(&s->closed, memory_order_acquire))
+		m |= FAB_M_CLOSED;
+	if ((want & FAB_M_FB) && atomic_load_explicit(&s->fb, memory_order_acquire))
+		m |= FAB_M_FB;
+	return m;
+}
+
+static unsigned shm_marks(struct fab_ep *ep, unsigned want)
+{
+	struct shm_side *m = me(ep), *p = peer(ep);
+	unsigned r = side_marks(p, want);
+	if (want & FAB_MY(0xffffu))
+		r |= FAB_MY(side_marks(m, want >> 16));
+	/* FIN, and we consumed every message before it */
+	if ((want & FAB_M_FIN_READ) &&
+	    atomic_load_explicit(&p->fin, memory_order_acquire) &&
+	    atomic_load(&m->cons) >= atomic_load(&p->fin_seq))
+		r |= FAB_M_FIN_READ;
+	/* the peer consumed every message we posted */
+	if ((want & FAB_M_CAUGHT_UP) && atomic_load(&p->cons) >= atomic_load(&m->prod))
+		r |= FAB_M_CAUGHT_UP;
+	return r;
 }
 
 /*
+ * Everything the peer wrote in its control block must make sense with
+ * what we know; if not, the caller aborts the connection.
+ *
  * The checks compare counters that both processes - and other threads of
  * ours - keep advancing while we read them, so the order of the loads is
  * what makes a check sound: a lower bound is read before the value it
  * bounds, an upper bound after it. (Read the other way round, a thread
  * preempted between two loads saw an honest peer as insane.)
  */
-bool shm_peer_sane(struct fab_ep *ep)
+static bool insane(const char **why, const char *what)
+{
+	if (why)
+		*why = what;
+	return false;
+}
+
+static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 {
 	struct shm_side *m = me(ep), *p = peer(ep);
 	/* peer's prod: never below our cons, at most nslots beyond it */
@@ -102,43 +137,76 @@ bool shm_peer_sane(struct fab_ep *ep)
 	uint64_t pprod = atomic_load(&p->prod);
 	uint64_t mcons1 = atomic_load(&m->cons);
 	if (pprod < mcons0 || (pprod > mcons1 && pprod - mcons1 > ep->nslots))
-		return insane("messages from nowhere, or unposted");
+		return insane(why, "messages from nowhere, or unposted");
 	/* peer's cons: never beyond our prod, at most nslots behind it */
 	uint64_t pcons0 = atomic_load(&p->cons);
 	uint64_t mprod = atomic_load(&m->prod);
 	uint64_t pcons1 = atomic_load(&p->cons);
 	if (pcons0 > mprod || (mprod > pcons1 && mprod - pcons1 > ep->nslots))
-		return insane("credits for messages never sent");
+		return insane(why, "credits for messages never sent");
 	/* a FIN names a message the peer has posted (fin_seq is written first) */
 	uint32_t fin = atomic_load(&p->fin);
 	uint64_t fin_seq = atomic_load(&p->fin_seq);
 	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
-		return insane("FIN after messages that do not exist");
+		return insane(why, "FIN after messages that do not exist");
 	if (atomic_load(&p->fb) > 1)
-		return insane("bad fallback mark");
+		return insane(why, "bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
 	uint64_t tr = atomic_load(&m->tokens_rcvd);
 	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
-		return insane("wake-up tokens that cannot exist");
+		return insane(why, "wake-up tokens that cannot exist");
 	return true;
 }
 
-int shm_peer_fin_seen(struct fab_ep *ep) { return atomic_load(&peer(ep)->fin) != 0; }
-void shm_set_closed(struct fab_ep *ep) { atomic_store(&me(ep)->closed, 1); }
-void shm_set_rd_shut(struct fab_ep *ep) { atomic_store(&me(ep)->rd_shut, 1); }
-int shm_peer_rd_shut(struct fab_ep *ep) { return atomic_load(&peer(ep)->rd_shut) != 0; }
-int shm_peer_closed(struct fab_ep *ep) { return atomic_load(&peer(ep)->closed) != 0; }
-/* Has the peer consumed every message we posted? */
-int shm_peer_caught_up(struct fab_ep *ep)
+/* ---- zero-copy control words -------------------------------------------- */
+
+static struct sdp_zctl *shm_zc_me(struct fab_ep *ep) { return &me(ep)->zc; }
+static struct sdp_zctl *shm_zc_peer(struct fab_ep *ep) { return &peer(ep)->zc; }
+
+/* Both blocks are in the shared region: stored is published. */
+static void shm_zc_publish(struct fab_ep *ep, size_t off, size_t len)
 {
-	return atomic_load(&peer(ep)->cons) >= atomic_load(&me(ep)->prod);
+	(void)ep;
+	(void)off;
+	(void)len;
 }
 
-int shm_peer_fb(struct fab_ep *ep) { return atomic_load(&peer(ep)->fb) != 0; }
-int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }
+static uint32_t shm_zc_cas(struct fab_ep *ep, unsigned whose, size_t off,
+			   uint32_t expect, uint32_t desired)
+{
+	struct sdp_zctl *z = whose == FAB_OURS ? &me(ep)->zc : &peer(ep)->zc;
+	if (off > sizeof *z - sizeof(uint32_t) || (off & 3))
+		return ~expect;               /* not a word of the block */
+	_Atomic uint32_t *w = (_Atomic uint32_t *)((char *)z + off);
+	atomic_compare_exchange_strong(w, &expect, desired);
+	return expect;
+}
 
-void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
+/* The peer reads our mapping of the region header with Cross Memory
+ * Attach: if it gets what its own mapping holds, it can read us. */
+static uint64_t shm_probe_addr(struct fab_ep *ep)
+{
+	return (uint64_t)(uintptr_t)ep->base;
+}
+
+static ssize_t shm_rdma_read(struct fab_ep *ep, const struct iovec *local, int nlocal,
+			     uint64_t raddr, size_t len, uint64_t rkey);
+
+static int shm_probe(struct fab_ep *ep, uint64_t raddr, uint64_t key)
+{
+	uint64_t theirs = 0, ours;
+	memcpy(&ours, ep->base, sizeof ours);
+	struct iovec l = { &theirs, sizeof theirs };
+	ssize_t r = shm_rdma_read(ep, &l, 1, raddr, sizeof theirs, key);
+	if (r != (ssize_t)sizeof theirs)
+		return r < 0 ? (int)r : -EIO;
+	return theirs == ours ? 1 : -EPROTO;
+}
+
+/* ---- fallback to TCP ---------------------------------------------------- */
+
+static void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 {
 	struct shm_side *m = me(ep);
 	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
@@ -147,22 +215,18 @@ void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 	atomic_store(&m->fb, 1);
 }
 
-void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
+static void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
 {
 	struct shm_side *p = peer(ep);
 	*cons = atomic_load(&p->fb_rx_cons);
 	*off = p->fb_rx_off;
 }
 
-uint64_t shm_tokens_due(struct fab_ep *ep) { return tokens_due(ep); }
-void shm_tokens_took(struct fab_ep *ep, uint64_t n) { atomic_fetch_add(&me(ep)->tokens_rcvd, n); }
-
-/* Our own idx-th posted message counted from seq (for re-sending). */
-const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq)
+/* Our own message seq, still in our ring (for re-sending). */
+static const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq)
 {
 	return ring(ep, ep->side) + (seq % ep->nslots) * ep->slot_size;
 }
-int shm_peer_abort(struct fab_ep *ep) { return atomic_load(&peer(ep)->abort) != 0; }
 
 /* ---- message channel ---------------------------------------------------- */
 
@@ -315,7 +379,7 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 {
 	unsigned char buf[256];
 	for (;;) {
-		uint64_t due = tokens_due(ep);
+		uint64_t due = shm_tokens_due(ep);
 		if (due == 0) {
 			/* Nothing announced: only look for FIN/RST. */
 			long r = syscall(SYS_recvfrom, wfd, buf, 1, MSG_DONTWAIT | MSG_PEEK,
@@ -343,22 +407,102 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 	}
 }
 
+/* ---- choice -------------------------------------------------------------- */
+
+/* The IPv4 or IPv6 address of sa (a v4-mapped IPv6 address as IPv4):
+ * its family and 4 or 16 bytes in a, or 0. */
+static int addr_of(const struct sockaddr *sa, socklen_t len, uint8_t a[16])
+{
+	if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+		memcpy(a, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, 4);
+		return AF_INET;
+	}
+	if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+		const struct in6_addr *i6 = &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr;
+		if (IN6_IS_ADDR_V4MAPPED(i6)) {
+			memcpy(a, &i6->s6_addr[12], 4);
+			return AF_INET;
+		}
+		memcpy(a, i6, 16);
+		return AF_INET6;
+	}
+	return 0;
+}
+
+/* Shared memory reaches the processes of this host: the peer's address is
+ * a loopback address or one of an interface that is up. */
+static bool shm_reaches(const struct sockaddr *peer, socklen_t len)
+{
+	uint8_t a[16];
+	int fam = addr_of(peer, len, a);
+	if (fam == AF_INET && a[0] == 127)
+		return true;
+	static const uint8_t lo6[16] = { [15] = 1 };
+	if (fam == AF_INET6 && !memcmp(a, lo6, 16))
+		return true;
+	if (!fam)
+		return false;
+	struct ifaddrs *ifa, *i;
+	if (getifaddrs(&ifa) < 0)
+		return false;
+	bool found = false;
+	for (i = ifa; i && !found; i = i->ifa_next) {
+		if (!i->ifa_addr || !(i->ifa_flags & IFF_UP))
+			continue;
+		uint8_t ia[16];
+		socklen_t l = i->ifa_addr->sa_family == AF_INET ?
+			      sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
+		if (addr_of(i->ifa_addr, l, ia) == fam &&
+		    !memcmp(ia, a, fam == AF_INET ? 4 : 16))
+			found = true;
+	}
+	freeifaddrs(ifa);
+	return found;
+}
+
 const struct fab_ops fab_shm_ops = {
-	.name       = "shm",
-	.tx_buf     = shm_tx_buf,
-	.post       = shm_post,
-	.rx_peek    = shm_rx_peek,
-	.rx_release = shm_rx_release,
-	.credits    = shm_credits,
-	.rx_pending = shm_rx_pending,
-	.tx_seq     = shm_tx_seq,
-	.rx_seq     = shm_rx_seq,
-	.rdma_read  = shm_rdma_read,
-	.rdma_write = shm_rdma_write,
-	.arm        = shm_arm,
-	.disarm     = shm_disarm,
-	.kick       = shm_kick,
-	.drain      = shm_drain,
-	.detach     = shm_detach,
-	.unmap      = shm_unmap,
+	.name        = "shm",
+	.id          = FAB_ID_SHM,
+	/* choice and set-up (shm_region.c) */
+	.init        = shm_init,
+	.reaches     = shm_reaches,
+	.offer       = shm_ep_offer,
+	.accept      = shm_ep_accept,
+	.connected   = shm_ep_connected,
+	.detach      = shm_detach,
+	.unmap       = shm_unmap,
+	/* message channel */
+	.tx_buf      = shm_tx_buf,
+	.post        = shm_post,
+	.rx_peek     = shm_rx_peek,
+	.rx_release  = shm_rx_release,
+	.credits     = shm_credits,
+	.rx_pending  = shm_rx_pending,
+	.tx_seq      = shm_tx_seq,
+	.rx_seq      = shm_rx_seq,
+	/* marks */
+	.mark        = shm_mark,
+	.marks       = shm_marks,
+	.peer_sane   = shm_peer_sane,
+	/* zero-copy control words */
+	.zc_me       = shm_zc_me,
+	.zc_peer     = shm_zc_peer,
+	.zc_publish  = shm_zc_publish,
+	.zc_cas      = shm_zc_cas,
+	.probe_addr  = shm_probe_addr,
+	.probe       = shm_probe,
+	/* RDMA */
+	.rdma_read   = shm_rdma_read,
+	.rdma_write  = shm_rdma_write,
+	/* wake-ups */
+	.arm         = shm_arm,
+	.disarm      = shm_disarm,
+	.kick        = shm_kick,
+	.drain       = shm_drain,
+	.tokens_due  = shm_tokens_due,
+	.tokens_took = shm_tokens_took,
+	/* fallback */
+	.fb_publish  = shm_fb_publish,
+	.fb_peer_pos = shm_fb_peer_pos,
+	.tx_msg      = shm_tx_msg,
 };

@@ -1,8 +1,10 @@
 /*
- * shm_layout.h - the shared-memory provider's region layout, shared by its
- * two files: shm.c (the message channel, wake-ups, control words) and
- * shm_region.c (where a connection's memory comes from and goes back to).
- * Private to src/fabric/.
+ * shm_layout.h - the shared-memory provider's wire formats: the region
+ * layout and its offer in the hello (docs/PROTOCOL.md sections 3 and 5),
+ * shared by its two files, shm.c (the message channel, marks, wake-ups,
+ * control words) and shm_region.c (where a connection's memory comes from
+ * and goes back to). Private to src/fabric/; the tests that play a hostile
+ * peer include it to write exactly what a peer could write.
  */
 #ifndef SDP_SHM_LAYOUT_H
 #define SDP_SHM_LAYOUT_H
@@ -41,6 +43,29 @@ struct shm_side {                 /* written only by its own side */
 };
 _Static_assert(sizeof(struct shm_side) == 320, "side block is 5 cache lines");
 
+/* The region's set-up state (hdr.state). */
+enum shm_state {
+	SHM_ST_CONNECTING = 0,   /* client sent its hello, TCP connect running */
+	SHM_ST_CONNECTED  = 1,   /* client's TCP connect succeeded */
+	SHM_ST_ATTACHED   = 2,   /* server accepted and attached */
+	SHM_ST_FAILED     = 3,   /* client's connect failed: hello is stale */
+};
+
+/*
+ * Region header, page 0 of the region (PROTOCOL.md 5.1).
+ *
+ *  off len field      meaning
+ *   0   4  magic      SHM_MAGIC
+ *   4   4  version    SHM_VERSION
+ *   8   4  nslots     receive buffers per direction
+ *  12   4  slot_size  bytes per receive buffer
+ *  16   8  token      the connection's identity, also in the hello
+ *  24   8  ring_off   offset of ring 0 (SHM_HDR_SIZE)
+ *  32   4  state      enum shm_state
+ *  36   4  lease      enum shm_lease (shm_region.c): arena slots only
+ *  40  24  pad
+ *  64 640  side[2]    control blocks of side 0 and side 1
+ */
 struct shm_hdr {
 	uint32_t magic;
 	uint32_t version;
@@ -55,6 +80,29 @@ struct shm_hdr {
 	struct shm_side side[2];
 };
 _Static_assert(sizeof(struct shm_hdr) <= SHM_HDR_SIZE, "header fits a page");
+_Static_assert(offsetof(struct shm_hdr, state) == 32, "state at 32");
+_Static_assert(offsetof(struct shm_hdr, side) == 64, "control blocks at 64");
+_Static_assert(offsetof(struct shm_side, cons) == 64, "cons on its own line");
+_Static_assert(offsetof(struct shm_side, zc) == 192, "zero-copy words at 192");
+
+/*
+ * The shm offer: the provider's bytes of the hello (sdp_hello.offer), 8
+ * bytes, with exactly one descriptor passed: the memfd holding the region.
+ *
+ *  off len field      meaning
+ *   0   4  region_pg  offset of the region in the memfd, in 4 KiB pages
+ *                     (0 for a memfd of its own)
+ *   4   4  flags      SHM_OFFER_POOLED: the memfd is an arena of the
+ *                     client's and the region one of its slots, so the
+ *                     server may keep its mapping; any other bit: rejected
+ */
+struct shm_offer {
+	uint32_t region_pg;
+	uint32_t flags;
+};
+_Static_assert(sizeof(struct shm_offer) == 8, "shm offer is 8 bytes");
+_Static_assert(sizeof(struct shm_offer) <= FAB_OFFER_MAX, "fits the hello");
+#define SHM_OFFER_POOLED 0x1u
 
 static inline struct shm_hdr *H(struct fab_ep *ep) { return ep->base; }
 static inline struct shm_side *me(struct fab_ep *ep) { return &H(ep)->side[ep->side]; }
@@ -71,7 +119,15 @@ static inline size_t region_size(uint32_t nslots, uint32_t slot_size)
 	return SHM_HDR_SIZE + 2 * (size_t)nslots * slot_size;
 }
 
-/* shm_region.c: the ops-table entries that give memory back. */
+/* The provider's table (shm.c); the engine reaches it through fabric.c. */
+extern const struct fab_ops fab_shm_ops;
+
+/* shm_region.c: the ops-table entries that make and give back memory. */
+void shm_init(const struct fab_params *p);
+int  shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer *o);
+int  shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s,
+		const struct fab_offer *o);
+void shm_ep_connected(struct fab_ep *ep, int err);
 void shm_detach(struct fab_ep *ep);
 void shm_unmap(struct fab_ep *ep);
 

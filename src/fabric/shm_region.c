@@ -95,9 +95,9 @@ static uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-void shm_region_tune(uint32_t slots)
+void shm_init(const struct fab_params *p)
 {
-	arena_slots = slots > 64 ? 64 : slots;
+	arena_slots = p->region_cache > 64 ? 64 : p->region_cache;
 }
 
 static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
@@ -172,7 +172,6 @@ static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
 	ep->side = side;
 	ep->nslots = nslots;
 	ep->slot_size = slot_size;
-	ep->peer_pid = 0;
 	ep->flags = flags;
 }
 
@@ -291,42 +290,65 @@ static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off)
 	return NULL;
 }
 
-int shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
-		      int32_t peer, struct fab_ep *ep, struct shm_offer *o)
+/* Our side's identity in a region we set up. */
+static void side_init(struct fab_ep *ep, const struct fab_setup *s)
 {
+	atomic_store(&me(ep)->pid, s->pid);
+}
+
+/* A region for a new connection, mapped as side 0: a slot of the arena this
+ * process keeps for the peer process when one is free, else a memfd of its
+ * own. The offer names it for the peer. */
+int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer *o)
+{
+	struct shm_offer so = { 0 };
+	uint64_t off = 0;
 	memset(o, 0, sizeof *o);
-	o->fd = -1;
 	lock();
-	struct shm_map *a = arena_get(peer, nslots, slot_size);
-	struct shm_hdr *h = a ? slot_claim(a, &o->off) : NULL;
+	struct shm_map *a = arena_get(s->peer_pid, s->nslots, s->slot_size);
+	struct shm_hdr *h = a ? slot_claim(a, &off) : NULL;
 	if (h) {
 		o->reused = h->magic == SHM_MAGIC;
 		a->refs++;
 		unlock();
-		hdr_init(h, nslots, slot_size, token);
-		ep_init(ep, h, region_size(nslots, slot_size), 0, nslots, slot_size,
-			FAB_EP_POOLED);
-		o->fd = a->fd;
-		o->pooled = true;
-		return 0;
+		hdr_init(h, s->nslots, s->slot_size, s->token);
+		ep_init(ep, h, region_size(s->nslots, s->slot_size), 0, s->nslots,
+			s->slot_size, FAB_EP_POOLED);
+		o->fds[0] = a->fd;            /* the arena's: kept open */
+		so.flags = SHM_OFFER_POOLED;
+	} else {
+		unlock();
+		size_t len = region_size(s->nslots, s->slot_size);
+		int fd = memfd_new(len);
+		if (fd < 0)
+			return fd;
+		h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (h == MAP_FAILED) {
+			int e = -errno;
+			sys_close(fd);
+			return e;
+		}
+		hdr_init(h, s->nslots, s->slot_size, s->token);
+		ep_init(ep, h, len, 0, s->nslots, s->slot_size, 0);
+		o->fds[0] = fd;
+		o->close_after = 1u << 0;     /* ours alone: the peer maps it */
 	}
-	unlock();
-
-	size_t len = region_size(nslots, slot_size);
-	int fd = memfd_new(len);
-	if (fd < 0)
-		return fd;
-	h = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (h == MAP_FAILED) {
-		int e = -errno;
-		sys_close(fd);
-		return e;
-	}
-	hdr_init(h, nslots, slot_size, token);
-	ep_init(ep, h, len, 0, nslots, slot_size, 0);
-	o->fd = fd;
-	o->own_fd = true;
+	side_init(ep, s);
+	so.region_pg = (uint32_t)(off / 4096);
+	o->nfds = 1;
+	o->len = sizeof so;
+	memcpy(o->data, &so, sizeof so);
 	return 0;
+}
+
+void shm_ep_connected(struct fab_ep *ep, int err)
+{
+	if (err) {
+		atomic_store(&H(ep)->state, SHM_ST_FAILED);   /* nobody will attach */
+		return;
+	}
+	uint32_t st = SHM_ST_CONNECTING;
+	atomic_compare_exchange_strong(&H(ep)->state, &st, SHM_ST_CONNECTED);
 }
 
 /* Check a region header the peer wrote; n and sz are read once. */
@@ -368,7 +390,7 @@ static int attach_own(struct fab_ep *ep, int memfd, const struct stat *st,
 	return 0;
 }
 
-int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
+static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 		  bool pooled)
 {
 	struct stat st;
@@ -414,6 +436,32 @@ int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 	m->refs++;
 	unlock();
 	ep_init(ep, h, region_size(n, sz), side, n, sz, FAB_EP_POOLED);
+	return r;
+}
+
+/* Map the region the client's offer names, as side 1, validating its
+ * header; an offer of an earlier attempt of the same connection (another
+ * token, or its client failed) is stale. */
+int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab_offer *o)
+{
+	struct shm_offer so;
+	if (o->len != sizeof so || o->nfds != 1)
+		return -EPROTO;
+	memcpy(&so, o->data, sizeof so);
+	if (so.flags & ~SHM_OFFER_POOLED)
+		return -EPROTO;
+	int r = attach(ep, o->fds[0], 1, (uint64_t)so.region_pg * 4096,
+		       (so.flags & SHM_OFFER_POOLED) != 0);
+	if (r < 0)
+		return r;
+	if (H(ep)->token != s->token ||
+	    atomic_load(&H(ep)->state) == SHM_ST_FAILED) {
+		shm_unmap(ep);
+		ep->base = NULL;
+		return -ESTALE;
+	}
+	side_init(ep, s);
+	atomic_store(&H(ep)->state, SHM_ST_ATTACHED);
 	return r;
 }
 

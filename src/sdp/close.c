@@ -10,9 +10,12 @@
  *                         the switch: the kernel's FIN/RST on it is what the
  *                         peer's wait object reports if it sleeps.
  * The connection memory stays mapped by the peer until it has read the
- * last byte, so a close never loses queued data. Our "closed" mark is the
- * last thing we write to it: from then on the connecting side may reuse
- * the region for another connection (fabric/shm_region.c).
+ * last byte, so a close never loses queued data. Our "closed" mark
+ * (FAB_M_CLOSED) is the last thing we write to shared state: from then on
+ * the provider may reuse the memory for another connection (shm: the
+ * connecting side's arena slots, fabric/shm_region.c). The switch calls
+ * sdp_release for an SDP connection, sdp_release_tcp for one kept on TCP
+ * or fallen back, sdp_conn_drop for one whose connect failed at once.
  */
 #include <errno.h>
 #include <sys/mman.h>
@@ -23,10 +26,6 @@
 #include "sdp/sys.h"
 #include "switch/log.h"
 
-int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
-		 int iovcnt, size_t off, size_t len);
-int sdp_post_msg_nokick(struct sdp_conn *c, int fd, uint8_t mid, bool nokick);
-
 /* closing: the TCP socket is closed right after, and its FIN wakes a
  * sleeping peer; no wake-up token is needed. */
 static void send_fin(struct sdp_conn *c, int fd, bool closing)
@@ -34,7 +33,7 @@ static void send_fin(struct sdp_conn *c, int fd, bool closing)
 	if (sdp_lock(&c->tx_lock))
 		return;
 	if (!atomic_exchange(&c->tx_shut, 1)) {
-		shm_set_fin(&c->ep);
+		sdp_mark(c, FAB_M_FIN);
 		if (c->ep.ops->credits(&c->ep) > 0)
 			sdp_post_msg_nokick(c, fd, SDP_MID_DISCONN, closing);
 		if (!closing)
@@ -51,7 +50,7 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 		return -ENOTCONN;             /* TCP: the reset closed it */
 	if (how == SHUT_RD || how == SHUT_RDWR) {
 		atomic_store(&c->rx_shut, 1);
-		shm_set_rd_shut(&c->ep);
+		sdp_mark(c, FAB_M_RD_SHUT);
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	if (how == SHUT_WR || how == SHUT_RDWR)
@@ -78,7 +77,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 			sdp_log(2, "close fd %d with %s: abort", fd,
 				unread ? "unread data" : "SO_LINGER 0");
 			if (sdp_lock(&c->tx_lock) == 0) {
-				shm_set_abort(ep);
+				sdp_mark(c, FAB_M_ABORT);
 				if (ep->ops->credits(ep) > 0)
 					sdp_post_msg(c, fd, SDP_MID_ABORT, NULL, 0, 0, 0);
 				sdp_unlock(&c->tx_lock);
@@ -92,11 +91,34 @@ void sdp_release(struct sdp_conn *c, int fd)
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
 	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
-	if (shm_tokens_due(ep))
+	if (ep->ops->tokens_due(ep))
 		ep->ops->drain(ep, fd);
-	/* Our last write to the region: after it the peer may reuse it. */
-	shm_set_closed(ep);
+	/* Our last write to the shared state: after it the peer may reuse
+	 * the memory. */
+	sdp_mark(c, FAB_M_CLOSED);
 	atomic_store(&c->state, SDP_ST_CLOSED);
 	ep->ops->detach(ep);
+	sdp_conn_free(c);
+}
+
+void sdp_release_tcp(struct sdp_conn *c)
+{
+	bool last = atomic_fetch_sub(&c->nproc, 1) == 1;
+	if (c->ep.ops) {                      /* fell back from SDP */
+		if (last) {
+			sdp_mark(c, FAB_M_CLOSED);
+			c->ep.ops->detach(&c->ep);
+		} else {
+			c->ep.ops->unmap(&c->ep);
+		}
+	}
+	if (last)
+		sdp_conn_free(c);
+}
+
+void sdp_conn_drop(struct sdp_conn *c)
+{
+	if (c->ep.ops)
+		c->ep.ops->detach(&c->ep);
 	sdp_conn_free(c);
 }

@@ -14,6 +14,7 @@
 
 #include <netinet/in.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -37,6 +38,12 @@ enum sdp_mode {                /* delivery mode of our send side */
 	SDP_MODE_PIPELINED = 2,
 };
 
+/* Which end of the TCP connection (also the policy's roles, policy.h). */
+enum sdp_role {
+	SDP_ROLE_SERVER = 1,  /* listening / accepted sockets */
+	SDP_ROLE_CLIENT = 2,  /* connecting sockets */
+};
+
 union sdp_addr {
 	struct sockaddr     sa;
 	struct sockaddr_in  in;
@@ -47,13 +54,15 @@ struct sdp_conn {
 	_Atomic uint32_t inuse;        /* pool slot allocated */
 	uint32_t idx;                  /* slot index */
 	int32_t  creator_pid;
-	uint8_t  role;                 /* SDP_ROLE_CLIENT / SDP_ROLE_SERVER */
+	uint8_t  role;                 /* enum sdp_role */
 	uint8_t  mode;                 /* enum sdp_mode */
 	uint8_t  transport;            /* 1 = SDP, 0 = TCP (listed by sdp stat only) */
 	uint8_t  pad0;
 	uint64_t tcp_ino;              /* inode of the TCP socket (for sdp stat) */
 	union sdp_addr local, remote;  /* TCP: getsockname / getpeername */
 	uint64_t created_ns;
+	uint64_t token;                /* the connection's identity (hello token),
+					* the same on both ends; 0 on TCP */
 
 	_Atomic uint32_t state;        /* enum sdp_state */
 	_Atomic uint32_t nproc;        /* processes holding an fd to it */
@@ -170,7 +179,8 @@ int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 /* Spin as sdp_wait would before sleeping: 1 met, 0 not, or -errno. */
 int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
-void    sdp_abort_insane(struct sdp_conn *c);
+/* The peer's state failed its provider's peer_sane check (why: what). */
+void    sdp_abort_insane(struct sdp_conn *c, const char *why);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);
@@ -178,8 +188,41 @@ bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);
 
+/* ---- the endpoint's provider, for the engine's files --------------------- */
+/* Do the peer's marks (enum fab_mark) include m? Ours: FAB_MY(m). */
+static inline bool sdp_marked(struct sdp_conn *c, unsigned m)
+{
+	return c->ep.ops->marks(&c->ep, m) != 0;
+}
+static inline void sdp_mark(struct sdp_conn *c, unsigned m)
+{
+	c->ep.ops->mark(&c->ep, m);
+}
+/* Zero-copy control words: ours (written by us, then published) and the
+ * peer's (read only). */
+static inline struct sdp_zctl *sdp_zc_me(struct sdp_conn *c)
+{
+	return c->ep.ops->zc_me(&c->ep);
+}
+static inline struct sdp_zctl *sdp_zc_peer(struct sdp_conn *c)
+{
+	return c->ep.ops->zc_peer(&c->ep);
+}
+/* Publish fields first..last (inclusive, in layout order) of our block. */
+#define sdp_zc_publish(c, first, last) \
+	(c)->ep.ops->zc_publish(&(c)->ep, offsetof(struct sdp_zctl, first), \
+		offsetof(struct sdp_zctl, last) + sizeof(((struct sdp_zctl *)0)->last) - \
+		offsetof(struct sdp_zctl, first))
+
+/* ---- tx.c: posting messages (caller holds tx_lock and a credit) ---------- */
+/* One message: a header, then len bytes of the iovec from stream offset
+ * off; kicks the peer. */
+int  sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
+		  int iovcnt, size_t off, size_t len);
+/* A message without payload, optionally without waking the peer. */
+int  sdp_post_msg_nokick(struct sdp_conn *c, int fd, uint8_t mid, bool nokick);
+
 /* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
-#define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */
 void    zc_attach(struct sdp_conn *c);               /* publish pid, probe addr */
 bool    zc_usable(struct sdp_conn *c, int fd, size_t len, bool nonblock);
 /* May the peer's memory be named by key? (the set-up pid, or a process
@@ -204,17 +247,25 @@ ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int n
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
 void sdp_release(struct sdp_conn *c, int fd);
+/* Last fd of this process closes for a connection kept on TCP or fallen
+ * back: give back its endpoint (if it had one) and its slot. */
+void sdp_release_tcp(struct sdp_conn *c);
+/* A connection that never got an fd (its connect failed at once): give
+ * back its endpoint and its slot. */
+void sdp_conn_drop(struct sdp_conn *c);
 
 /* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
 int  sdp_fallback(struct sdp_conn *c, int fd);
 void sdp_fallback_publish(struct sdp_conn *c, int fd);
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
+/* Has the peer started a fallback (so it runs its half itself)? */
+bool sdp_fallback_by_peer(struct sdp_conn *c);
 #define SDP_EFALLBACK EREMCHG          /* internal: retry the call on TCP */
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */
 struct sdp_listener;
-int  sdp_listener_open(int fd, struct sdp_listener **out);
+int  sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
@@ -230,7 +281,8 @@ struct sdp_connect_state {
 	int  result;                   /* issued, not deferred: 0 or -errno */
 };
 struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
-				   socklen_t len, struct sdp_connect_state *cs);
+				   socklen_t len, enum fab_pref pref,
+				   struct sdp_connect_state *cs);
 void sdp_connect_done(struct sdp_conn *c, int fd, int err);
 
 /* ---- tunables (switch/config.c) ------------------------------------------- */

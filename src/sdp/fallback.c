@@ -59,13 +59,13 @@ static int discard_tokens(struct fab_ep *ep, int fd)
 	 * on their way; a peer that announced tokens it never sends is
 	 * broken: give up after a second without progress. */
 	uint64_t last = sdp_now_ns();
-	while ((due = shm_tokens_due(ep)) != 0) {
+	while ((due = ep->ops->tokens_due(ep)) != 0) {
 		if (due > (1u << 20) || sdp_now_ns() - last > 1000000000ull)
 			return -EPROTO;
 		size_t want = due < sizeof buf ? (size_t)due : sizeof buf;
 		ssize_t r = syscall(SYS_recvfrom, fd, buf, want, MSG_DONTWAIT, NULL, NULL);
 		if (r > 0) {
-			shm_tokens_took(ep, (uint64_t)r);
+			ep->ops->tokens_took(ep, (uint64_t)r);
 			last = sdp_now_ns();
 			continue;
 		}
@@ -86,13 +86,13 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 	struct fab_ep *ep = &c->ep;
 	uint64_t pcons;
 	uint32_t poff;
-	shm_fb_peer_pos(ep, &pcons, &poff);
+	ep->ops->fb_peer_pos(ep, &pcons, &poff);
 	uint64_t end = ep->ops->tx_seq(ep);
 	if (pcons > end || end - pcons > ep->nslots)
 		return -EPROTO;
 	bool fin = false;
 	for (uint64_t seq = pcons; seq < end; seq++) {
-		const char *m = shm_tx_msg(ep, seq);
+		const char *m = ep->ops->tx_msg(ep, seq);
 		struct sdp_bsdh h;
 		memcpy(&h, m, sizeof h);
 		if (h.len < sizeof h || h.len > ep->slot_size)
@@ -129,14 +129,14 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 void sdp_fallback_publish(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
-	if (atomic_load(&c->fb_done) || shm_my_fb(ep))
+	if (atomic_load(&c->fb_done) || sdp_marked(c, FAB_MY(FAB_M_FB)))
 		return;
 	if (sdp_lock(&c->tx_lock))
 		return;
 	if (sdp_lock(&c->rx_lock) == 0) {
-		if (!shm_my_fb(ep)) {
+		if (!sdp_marked(c, FAB_MY(FAB_M_FB))) {
 			ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
-			shm_fb_publish(ep, c->rx_off);
+			ep->ops->fb_publish(ep, c->rx_off);
 		}
 		sdp_unlock(&c->rx_lock);
 	}
@@ -146,8 +146,8 @@ void sdp_fallback_publish(struct sdp_conn *c, int fd)
 /* Are a and b the two ends of one connection (both in this process)? */
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
 {
-	return a != b && a->ep.base && b->ep.base && a->ep.side != b->ep.side &&
-	       shm_token(&a->ep) == shm_token(&b->ep);
+	return a != b && a->ep.ops && b->ep.ops && a->ep.side != b->ep.side &&
+	       a->token && a->token == b->token;
 }
 
 int sdp_fallback(struct sdp_conn *c, int fd)
@@ -164,17 +164,19 @@ int sdp_fallback(struct sdp_conn *c, int fd)
 	int r = 0;
 	if (atomic_load(&c->fb_done))
 		goto out;
-	if (!shm_peer_sane(ep)) {
+	const char *why;
+	if (!ep->ops->peer_sane(ep, &why)) {
+		sdp_log(1, "fd %d: peer control block makes no sense (%s)", fd, why);
 		r = -EPROTO;
 		goto done;
 	}
-	if (!shm_my_fb(ep)) {
+	if (!sdp_marked(c, FAB_MY(FAB_M_FB))) {
 		/* Wake the peer so it follows, then freeze our side. */
 		ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
-		shm_fb_publish(ep, c->rx_off);
+		ep->ops->fb_publish(ep, c->rx_off);
 	}
-	while (!shm_peer_fb(ep)) {
-		if (atomic_load(&c->peer_gone) || shm_peer_abort(ep) ||
+	while (!sdp_marked(c, FAB_M_FB)) {
+		if (atomic_load(&c->peer_gone) || sdp_marked(c, FAB_M_ABORT) ||
 		    atomic_load(&c->state) == SDP_ST_RESET) {
 			r = -ECONNRESET;      /* nothing to hand over: TCP says the rest */
 			goto done;
@@ -212,5 +214,10 @@ out:
 bool sdp_fallback_pending(struct sdp_conn *c)
 {
 	return atomic_load_explicit(&c->fb_done, memory_order_relaxed) ||
-	       shm_peer_fb(&c->ep) || shm_my_fb(&c->ep);
+	       sdp_marked(c, FAB_M_FB | FAB_MY(FAB_M_FB));
+}
+
+bool sdp_fallback_by_peer(struct sdp_conn *c)
+{
+	return sdp_marked(c, FAB_M_FB);
 }

@@ -6,20 +6,25 @@
  * named after the listening address and port (and our uid). Abstract names
  * vanish with their last holder: nothing is left behind on a crash.
  *
- * Client: before its TCP connect, a client allowed to use SDP looks for the
- * rendezvous of the destination (exact address, then the wildcard of its
- * family, then the IPv6 wildcard). If there is none, the connection is plain
- * TCP and no SDP byte is ever sent. If there is one, and the listener was
- * created by a process of our uid (SO_PEERCRED), the client picks its local
- * port (bind), creates the connection memory (a sealed memfd), and sends a
- * hello naming the TCP 4-tuple with the memfd attached (SCM_RIGHTS). Only
- * then does it connect. The connection is SDP from the client's side.
+ * Client: before its TCP connect, a client allowed to use SDP asks the
+ * fabric registry for a provider that reaches the destination (fab_choose:
+ * shm reaches the addresses of this host) and looks for the rendezvous of
+ * the destination (exact address, then the wildcard of its family, then the
+ * IPv6 wildcard). If there is none, the connection is plain TCP and no SDP
+ * byte is ever sent. If there is one, and the listener was created by a
+ * process of our uid (SO_PEERCRED), the client learns its local port (a
+ * deferred connect), has the provider set up its side and make an offer
+ * (shm: the connection memory, a sealed memfd), and sends a hello naming
+ * the TCP 4-tuple with the offer's bytes and descriptors (SCM_RIGHTS).
+ * Only then does the SYN leave. The connection is SDP from the client's
+ * side.
  *
  * Server: after accept() returns a TCP socket, the switch looks for the hello
  * of that 4-tuple in the rendezvous queue. Because the hello was queued
  * before the TCP connection existed, "no hello" means "not an SDP client":
  * the decision needs no timeout and no byte on the TCP stream. A hello is
- * accepted only from the listener's uid (SO_PEERCRED).
+ * accepted only from the listener's uid (SO_PEERCRED); the provider it
+ * names consumes the offer (shm: maps and validates the memory).
  *
  * Forked servers (one listening socket, several accepting processes) share
  * the rendezvous: each process takes the queue's hellos under a process-
@@ -29,8 +34,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <signal.h>
-#include <ifaddrs.h>
-#include <net/if.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +52,7 @@
 
 struct pending {
 	struct sdp_hello h;            /* h.pid: the sender as SO_PEERCRED says */
-	int memfd;
+	int fds[FAB_OFFER_FDS];        /* the offer's descriptors (h.nfds), ours */
 	uint64_t rx_ns;                /* when we took it (our clock, not theirs) */
 };
 
@@ -67,6 +70,7 @@ struct silent {                    /* rendezvous connections with no hello yet *
 
 struct sdp_listener {
 	int rv;                        /* rendezvous socket (abstract, listening) */
+	enum fab_pref pref;            /* the policy's choice of provider */
 	struct sockaddr_un name;
 	socklen_t namelen;
 	uid_t uid;                     /* creator: the only uid we take hellos from */
@@ -123,37 +127,9 @@ static socklen_t rv_name(struct sockaddr_un *un, uid_t uid, const struct key *k)
 	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
-/* Is this address one of this host's (so a local listener can serve it)? */
-static bool is_local(const struct key *k)
-{
-	if (k->family == AF_INET && k->addr[0] == 127)
-		return true;
-	static const uint8_t lo6[16] = { [15] = 1 };
-	if (k->family == AF_INET6 && !memcmp(k->addr, lo6, 16))
-		return true;
-	struct ifaddrs *ifa, *i;
-	if (getifaddrs(&ifa) < 0)
-		return false;
-	bool found = false;
-	for (i = ifa; i && !found; i = i->ifa_next) {
-		if (!i->ifa_addr || !(i->ifa_flags & IFF_UP))
-			continue;
-		struct key ik;
-		socklen_t l = i->ifa_addr->sa_family == AF_INET ?
-			      sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6);
-		if (i->ifa_addr->sa_family != AF_INET && i->ifa_addr->sa_family != AF_INET6)
-			continue;
-		if (key_of(i->ifa_addr, l, &ik) == 0 && ik.family == k->family &&
-		    !memcmp(ik.addr, k->addr, k->family == AF_INET ? 4 : 16))
-			found = true;
-	}
-	freeifaddrs(ifa);
-	return found;
-}
-
 /* ---- listener ---------------------------------------------------------------- */
 
-int sdp_listener_open(int fd, struct sdp_listener **out)
+int sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out)
 {
 	union sdp_addr a;
 	socklen_t len = sizeof a;
@@ -171,6 +147,7 @@ int sdp_listener_open(int fd, struct sdp_listener **out)
 	if (!l)
 		return -ENOMEM;
 	l->uid = geteuid();
+	l->pref = pref;
 	l->namelen = rv_name(&l->name, l->uid, &k);
 	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (l->rv < 0)
@@ -204,12 +181,27 @@ fail:;
 	return e;
 }
 
+static void close_fds(const int *fds, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		sys_close(fds[i]);
+}
+
+/* The client's descriptors of an offer that are ours to close once sent. */
+static void close_offer_fds(struct fab_offer *o)
+{
+	for (unsigned i = 0; i < o->nfds && i < FAB_OFFER_FDS; i++)
+		if (o->close_after & (1u << i))
+			sys_close(o->fds[i]);
+	o->nfds = 0;
+}
+
 void sdp_listener_close(struct sdp_listener *l)
 {
 	if (!l)
 		return;
 	for (int i = 0; i < l->npend; i++)
-		sys_close(l->pend[i].memfd);
+		close_fds(l->pend[i].fds, l->pend[i].h.nfds);
 	for (int i = 0; i < l->nsilent; i++)
 		sys_close(l->silent[i].fd);
 	free(l->pend);
@@ -246,13 +238,14 @@ void sdp_listener_fork(struct sdp_listener *l, int delta)
  * accepted another connection) comes from that sibling, whose uid may
  * have changed since the fork (nginx workers run as "nobody"): it is
  * taken when it carries the listener's secret, and keeps the pid the
- * first taker verified. */
+ * first taker verified. What the offer says is the provider's to check
+ * (sdp_hello_accept). */
 static int take_hello(struct sdp_listener *l, int s)
 {
 	struct sdp_hello_back b;
 	struct sdp_hello h;
-	/* Room for several descriptors: every one received is closed unless
-	 * it is the single memfd of a well-formed hello. */
+	/* Room for more descriptors than an offer carries: every one
+	 * received is closed unless the hello is well-formed. */
 	union { struct cmsghdr c; char buf[CMSG_SPACE(8 * sizeof(int))]; } u;
 	struct iovec iov = { &b, sizeof b };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
@@ -260,7 +253,8 @@ static int take_hello(struct sdp_listener *l, int s)
 	ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	if (n < 0 && errno == EAGAIN)
 		return 0;
-	int memfd = -1, nfds = 0;
+	int fds[FAB_OFFER_FDS];
+	unsigned nfds = 0, nrecv = 0;
 	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL; cm;
 	     cm = CMSG_NXTHDR(&m, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
@@ -269,26 +263,28 @@ static int take_hello(struct sdp_listener *l, int s)
 		for (size_t i = 0; i < k; i++) {
 			int fd;
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-			if (memfd < 0 && nfds == 0)
-				memfd = fd;
+			if (nfds < FAB_OFFER_FDS)
+				fds[nfds++] = fd;
 			else
 				sys_close(fd);
-			nfds++;
+			nrecv++;
 		}
 	}
 	h = b.h;
 	bool back = h.flags & SDP_HELLO_RETURNED;
 	struct ucred cr;
 	socklen_t cl = sizeof cr;
-	bool ok = n == (ssize_t)(back ? sizeof b : sizeof h) && memfd >= 0 && nfds == 1 &&
+	static const uint8_t zero[FAB_OFFER_MAX];
+	bool ok = n == (ssize_t)(back ? sizeof b : sizeof h) && nrecv == h.nfds &&
 		  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
 		  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
-		  (h.flags & ~(SDP_HELLO_POOLED | SDP_HELLO_RETURNED)) == 0 &&
+		  (h.flags & ~SDP_HELLO_RETURNED) == 0 && fab_by_id(h.fabric) &&
+		  h.offer_len <= FAB_OFFER_MAX &&
+		  !memcmp(h.offer + h.offer_len, zero, FAB_OFFER_MAX - h.offer_len) &&
 		  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
 		  (back ? b.secret == l->sh->secret && h.pid > 0 : cr.uid == l->uid);
 	if (!ok) {
-		if (memfd >= 0)
-			sys_close(memfd);
+		close_fds(fds, nfds);
 		sdp_log(2, "rendezvous: dropped a malformed or foreign hello");
 		return -1;
 	}
@@ -299,51 +295,53 @@ static int take_hello(struct sdp_listener *l, int s)
 		int nc = l->cap ? l->cap * 2 : 16;
 		struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
 		if (!np) {
-			sys_close(memfd);
+			close_fds(fds, nfds);
 			return -1;
 		}
 		l->pend = np;
 		l->cap = nc;
 	}
 	l->pend[l->npend].h = h;
-	l->pend[l->npend].memfd = memfd;
+	memcpy(l->pend[l->npend].fds, fds, nfds * sizeof fds[0]);
 	l->pend[l->npend].rx_ns = sdp_now_ns();
 	l->npend++;
 	return 1;
 }
 
 /* Send a hello (len bytes: a client's, or a returned one with its
- * secret) with its memfd on a connected rendezvous socket s.
+ * secret) with its nfds descriptors on a connected rendezvous socket s.
  * Returns 0 or -errno. */
-static int hello_put(int s, const void *h, size_t len, int memfd)
+static int hello_put(int s, const void *h, size_t len, const int *fds, unsigned nfds)
 {
 	int r = 0;
 	struct iovec iov = { (void *)h, len };
-	union { struct cmsghdr c; char buf[CMSG_SPACE(sizeof(int))]; } u;
+	union { struct cmsghdr c; char buf[CMSG_SPACE(FAB_OFFER_FDS * sizeof(int))]; } u;
 	memset(&u, 0, sizeof u);
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
-			    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
-	struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-	cm->cmsg_level = SOL_SOCKET;
-	cm->cmsg_type = SCM_RIGHTS;
-	cm->cmsg_len = CMSG_LEN(sizeof(int));
-	memcpy(CMSG_DATA(cm), &memfd, sizeof memfd);
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds) {
+		m.msg_control = u.buf;
+		m.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
+	}
 	if (sys_sendmsg(s, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
 		r = errno ? -errno : -EIO;
 	return r;
 }
 
 /* Put a hello back into our own rendezvous queue (a sibling may need it). */
-static int hello_send(const struct sdp_listener *l, const struct sdp_hello *h,
-		      int memfd)
+static int hello_send(const struct sdp_listener *l, const struct pending *p)
 {
-	struct sdp_hello_back b = { .h = *h, .secret = l->sh->secret };
+	struct sdp_hello_back b = { .h = p->h, .secret = l->sh->secret };
 	b.h.flags |= SDP_HELLO_RETURNED;
 	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
 	int r = sys_connect(s, &l->name, l->namelen) < 0 ? -errno :
-		hello_put(s, &b, sizeof b, memfd);
+		hello_put(s, &b, sizeof b, p->fds, p->h.nfds);
 	sys_close(s);
 	return r;
 }
@@ -396,7 +394,7 @@ static void drain_queue(struct sdp_listener *l, const struct key *lk,
 
 static void drop_pending(struct sdp_listener *l, int i)
 {
-	sys_close(l->pend[i].memfd);
+	close_fds(l->pend[i].fds, l->pend[i].h.nfds);
 	l->pend[i] = l->pend[--l->npend];
 }
 
@@ -418,7 +416,7 @@ static bool pending_stale(const struct pending *p, uint64_t now)
 static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
 				const struct key *pk)
 {
-	struct pending mine = { .memfd = -1 };
+	struct pending mine = { .h.magic = 0 };
 	bool shared = atomic_load(&l->sh->nproc) > 1;
 	if (shared && sdp_lock(&l->sh->lock))
 		return mine;
@@ -443,7 +441,7 @@ static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
 	if (shared) {
 		/* Put back what others may need, then let them look. */
 		for (int i = l->npend - 1; i >= 0; i--) {
-			hello_send(l, &l->pend[i].h, l->pend[i].memfd);
+			hello_send(l, &l->pend[i]);
 			drop_pending(l, i);
 		}
 		sdp_unlock(&l->sh->lock);
@@ -461,13 +459,17 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	    sys_getpeername(newfd, &pa, &pl) < 0 ||
 	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
 		return NULL;
-	if (!is_local(&pk))
-		return NULL;              /* a remote client cannot have said hello */
+	/* Only a client some provider reaches over the rendezvous can have
+	 * said hello (a remote one cannot). */
+	const struct fab_ops *may = fab_choose(&pa.sa, pl, l->pref);
+	if (!may)
+		return NULL;
 
 	/* A hello left over from an earlier connection of the same 4-tuple
 	 * that never completed (its client failed or died) names memory that
-	 * is no longer that connection's: its token no longer matches, or the
-	 * region says FAILED. Skip it and look further for the live one. */
+	 * is no longer that connection's: its provider says -ESTALE (the
+	 * token no longer matches, or the client gave up). Skip it and look
+	 * further for the live one. */
 	/* The client has committed to SDP once its hello is queued: a hello
 	 * we find but cannot serve for lack of resources (connection slots,
 	 * memory, mappings) must not leave the connection TCP on our side
@@ -476,18 +478,36 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	 * no honest client sends it) leaves the connection plain TCP. */
 	for (int tries = 0; tries < 4; tries++) {
 		struct pending mine = take_mine(l, &lk, &pk);
-		if (mine.memfd < 0)
+		if (mine.h.magic == 0)
 			return NULL;
+		const struct fab_ops *ops = fab_by_id(mine.h.fabric);
+		if (ops != may) {
+			/* Said hello over a provider this listener may not
+			 * use for that client: it waits for SDP, so reset. */
+			sdp_log(1, "hello for fd %d over %s, which the policy does "
+				"not allow here", newfd, ops ? ops->name : "?");
+			close_fds(mine.fds, mine.h.nfds);
+			*refuse = -EPROTONOSUPPORT;
+			return NULL;
+		}
 		struct sdp_conn *c = sdp_conn_alloc();
 		if (!c) {
-			sys_close(mine.memfd);
+			close_fds(mine.fds, mine.h.nfds);
 			*refuse = -ENOSPC;
 			return NULL;
 		}
-		int r = shm_ep_attach(&c->ep, mine.memfd, 1,
-				      (uint64_t)mine.h.region_pg * 4096,
-				      (mine.h.flags & SDP_HELLO_POOLED) != 0);
-		sys_close(mine.memfd);
+		struct fab_setup su = { .token = mine.h.token, .pid = (int32_t)sdp_pid,
+					.peer_pid = mine.h.pid };
+		struct fab_offer o = { .len = mine.h.offer_len, .nfds = mine.h.nfds };
+		memcpy(o.fds, mine.fds, sizeof o.fds);
+		memcpy(o.data, mine.h.offer, sizeof o.data);
+		int r = ops->accept(&c->ep, &su, &o);
+		close_fds(mine.fds, mine.h.nfds);
+		if (r == -ESTALE) {
+			sdp_log(1, "hello for fd %d is stale: looking for a newer one", newfd);
+			sdp_conn_free(c);
+			continue;
+		}
 		if (r < 0) {
 			sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
 			sdp_conn_free(c);
@@ -495,26 +515,17 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 				*refuse = r;
 			return NULL;
 		}
-		if (shm_token(&c->ep) != mine.h.token ||
-		    shm_get_state(&c->ep) == SHM_ST_FAILED) {
-			sdp_log(1, "hello for fd %d is stale: looking for a newer one", newfd);
-			c->ep.ops->unmap(&c->ep);
-			sdp_conn_free(c);
-			continue;
-		}
 		sdp_proc_region(1, r == 1);
 		c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
 		c->st.region_reused = r == 1;
-		c->ep.peer_pid = mine.h.pid;
+		c->token = mine.h.token;
 		c->peer_pid = mine.h.pid;
 		atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
-		c->role = 1;
+		c->role = SDP_ROLE_SERVER;
 		c->transport = 1;
 		c->local = la;
 		c->remote = pa;
-		shm_set_pid(&c->ep, (int32_t)sdp_pid);
 		zc_attach(c);
-		shm_set_state(&c->ep, SHM_ST_ATTACHED);
 		atomic_store(&c->state, SDP_ST_ESTABLISHED);
 		return c;
 	}
@@ -525,11 +536,16 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 /* ---- client ------------------------------------------------------------------ */
 
 struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
-				   socklen_t len, struct sdp_connect_state *cs)
+				   socklen_t len, enum fab_pref pref,
+				   struct sdp_connect_state *cs)
 {
 	memset(cs, 0, sizeof *cs);
 	struct key dk;
-	if (key_of(dst, len, &dk) < 0 || !is_local(&dk))
+	if (key_of(dst, len, &dk) < 0)
+		return NULL;
+	/* The provider that reaches dst (shm: an address of this host). */
+	const struct fab_ops *ops = fab_choose(dst, len, pref);
+	if (!ops)
 		return NULL;
 	uid_t uid = geteuid();
 
@@ -580,7 +596,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	atomic_store(&hint[hslot], ((uint32_t)ntohs(dk.port) << 16) | (uint32_t)found);
 	pid_t listener_pid = cr.pid;
 	struct sdp_conn *c = NULL;
-	int memfd = -1;
+	struct fab_offer o = { .nfds = 0 };
 	const char *why = "cannot name the local address";
 
 	/* The hello names the whole 4-tuple and must be queued before the
@@ -629,14 +645,13 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		.family = dk.family,
 		.dst_port = dk.port,
 		.src_port = lk.port,
-		.nslots = sdp_tun.nslots,
-		.slot_size = sdp_tun.slot_size,
 		.pid = (int32_t)sdp_pid,
 		.time_ns = sdp_now_ns(),
+		.fabric = ops->id,
 	};
 	memcpy(h.dst_addr, dk.addr, sizeof h.dst_addr);
 	memcpy(h.src_addr, lk.addr, sizeof h.src_addr);
-	/* Unique, not secret (the memfd itself is the capability). */
+	/* Unique, not secret (the offer's memory is the capability). */
 	static _Atomic uint64_t seq;
 	h.token = (h.time_ns * 0x9E3779B97F4A7C15ull) ^ ((uint64_t)sdp_pid << 40) ^
 		  atomic_fetch_add(&seq, 1);
@@ -645,58 +660,56 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	if (!c)
 		goto fail;
 	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
-	struct shm_offer o;
-	if (shm_region_create(h.nslots, h.slot_size, h.token, (int32_t)listener_pid,
-			      &c->ep, &o) < 0) {
+	struct fab_setup su = { .nslots = sdp_tun.nslots, .slot_size = sdp_tun.slot_size,
+				.token = h.token, .pid = (int32_t)sdp_pid,
+				.peer_pid = (int32_t)listener_pid };
+	if (ops->offer(&c->ep, &su, &o) < 0 || o.len > FAB_OFFER_MAX ||
+	    o.nfds > FAB_OFFER_FDS) {
 		sdp_conn_free(c);
 		c = NULL;
+		o.nfds = 0;
 		goto fail;
 	}
-	if (o.own_fd)
-		memfd = o.fd;
-	h.region_pg = (uint32_t)(o.off / 4096);
-	h.flags = o.pooled ? SDP_HELLO_POOLED : 0;
+	h.nfds = (uint8_t)o.nfds;
+	h.offer_len = (uint16_t)o.len;
+	memcpy(h.offer, o.data, o.len);
 	why = "the hello could not be sent";
-	if (hello_put(rv, &h, sizeof h, o.fd) < 0) {
-		shm_set_state(&c->ep, SHM_ST_FAILED);   /* nobody will attach */
-		c->ep.ops->detach(&c->ep);
+	if (hello_put(rv, &h, sizeof h, o.fds, o.nfds) < 0) {
+		ops->connected(&c->ep, -EIO);     /* nobody will accept it */
+		ops->detach(&c->ep);
 		sdp_conn_free(c);
 		c = NULL;
 		goto fail;
 	}
-	if (memfd >= 0)
-		sys_close(memfd);
+	close_offer_fds(&o);
 	sys_close(rv);
 	sdp_proc_region(0, o.reused);
-	c->st.region_pooled = o.pooled;
+	c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
 	c->st.region_reused = o.reused;
+	c->token = h.token;
 	c->peer_pid = (int32_t)listener_pid;
-	c->role = 2;
+	c->role = SDP_ROLE_CLIENT;
 	c->transport = 1;
 	c->local = la;
 	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
-	shm_set_pid(&c->ep, (int32_t)sdp_pid);
 	zc_attach(c);
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 fail:
 	sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
-	if (memfd >= 0)
-		sys_close(memfd);
+	close_offer_fds(&o);
 	sys_close(rv);
 	return NULL;
 }
 
 void sdp_connect_done(struct sdp_conn *c, int fd, int err)
 {
-	(void)fd;
 	if (err) {
-		shm_set_state(&c->ep, SHM_ST_FAILED);
+		c->ep.ops->connected(&c->ep, -err);
 		atomic_store(&c->state, SDP_ST_RESET);
 		return;
 	}
-	if (shm_get_state(&c->ep) == SHM_ST_CONNECTING)
-		shm_set_state(&c->ep, SHM_ST_CONNECTED);
+	c->ep.ops->connected(&c->ep, 0);
 	/* The hello named our address already (the kernel chose it at the
 	 * deferred connect, or the application bound it). */
 	bool known = c->local.sa.sa_family == AF_INET ? c->local.in.sin_port != 0 :

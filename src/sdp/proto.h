@@ -5,11 +5,13 @@
  *
  * All multi-byte fields are in host byte order: both ends of an shm
  * connection run on one host. (A network provider converts at its edge.)
+ * Each struct has its field table and a _Static_assert on its size.
  */
 #ifndef SDP_PROTO_H
 #define SDP_PROTO_H
 
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdint.h>
 
 /* Message ids, numbered as in the SDP specification (annex A4 of IBTA). */
@@ -59,8 +61,10 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
 
 /*
  * Hello: sent by the connecting side over the listener's rendezvous socket,
- * before its TCP connect, with the connection's memory (a memfd) attached
- * as SCM_RIGHTS. 80 bytes. Names the whole TCP 4-tuple.
+ * before its TCP connect, with the descriptors of the provider's offer
+ * attached as SCM_RIGHTS (shm: the memfd of the connection's memory).
+ * 136 bytes. Names the whole TCP 4-tuple; the provider's part (offer) is
+ * opaque to the engine (shm: struct shm_offer, fabric/shm_layout.h).
  *
  *  off len field       meaning
  *   0   4  magic       SDP_HELLO_MAGIC
@@ -69,13 +73,15 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
  *   8  16  dst_addr    address connected to (IPv4 in the first 4 bytes)
  *  24   2  dst_port    port connected to (network order)
  *  26   2  src_port    connecting socket's local port (network order)
- *  28   4  nslots      receive buffers per direction
- *  32   4  slot_size   bytes per receive buffer
- *  36   4  pid         connecting process
- *  40   8  token       random; also stored in the shared region header
- *  48   8  time_ns     CLOCK_MONOTONIC at send (informational)
- *  56   8  reserved    zero
- *  64  16  src_addr    connecting socket's local address (IPv4: first 4)
+ *  28   4  pid         connecting process
+ *  32   8  token       the connection's identity: unique, not secret
+ *  40   8  time_ns     CLOCK_MONOTONIC at send (informational)
+ *  48  16  src_addr    connecting socket's local address (IPv4: first 4)
+ *  64   4  flags       SDP_HELLO_RETURNED only
+ *  68   1  fabric      the provider (enum fab_id: 1 = shm)
+ *  69   1  nfds        descriptors attached (at most FAB_OFFER_FDS)
+ *  70   2  offer_len   bytes of offer used (at most FAB_OFFER_MAX)
+ *  72  64  offer       the provider's offer, zero after offer_len
  */
 struct sdp_hello {
 	uint32_t magic;
@@ -84,20 +90,24 @@ struct sdp_hello {
 	uint8_t  dst_addr[16];
 	uint16_t dst_port;
 	uint16_t src_port;
-	uint32_t nslots;
-	uint32_t slot_size;
 	int32_t  pid;
 	uint64_t token;
 	uint64_t time_ns;
-	uint32_t region_pg;     /* region offset in the memfd, in 4 KiB pages */
-	uint32_t flags;         /* SDP_HELLO_* */
 	uint8_t  src_addr[16];
+	uint32_t flags;         /* SDP_HELLO_* */
+	uint8_t  fabric;        /* enum fab_id */
+	uint8_t  nfds;
+	uint16_t offer_len;
+	uint8_t  offer[64];     /* FAB_OFFER_MAX */
 };
-_Static_assert(sizeof(struct sdp_hello) == 80, "hello is 80 bytes");
+_Static_assert(sizeof(struct sdp_hello) == 136, "hello is 136 bytes");
+_Static_assert(offsetof(struct sdp_hello, token) == 32, "token at 32");
+_Static_assert(offsetof(struct sdp_hello, src_addr) == 48, "src_addr at 48");
+_Static_assert(offsetof(struct sdp_hello, flags) == 64, "flags at 64");
+_Static_assert(offsetof(struct sdp_hello, offer) == 72, "offer at 72");
 
 #define SDP_HELLO_MAGIC   0x53445048u   /* "SDPH" */
-#define SDP_PROTO_VERSION 4
-#define SDP_HELLO_POOLED  0x1u          /* region is a reusable arena slot */
+#define SDP_PROTO_VERSION 5
 /* Only between processes sharing one listener (never from a client): a
  * hello taken by one of them and put back into the queue for another. It
  * is followed by the listener's 8-byte secret (struct sdp_hello_back). */
@@ -107,7 +117,7 @@ struct sdp_hello_back {
 	struct sdp_hello h;     /* as the client sent it, h.pid as verified */
 	uint64_t secret;        /* random, known only to the sharing processes */
 };
-_Static_assert(sizeof(struct sdp_hello_back) == 88, "returned hello is 88 bytes");
+_Static_assert(sizeof(struct sdp_hello_back) == 144, "returned hello is 144 bytes");
 
 /*
  * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a
@@ -139,10 +149,17 @@ struct sdp_wrcompl {
 };
 _Static_assert(sizeof(struct sdp_wrcompl) == 8, "RdmaWrCompl payload is 8 bytes");
 
-/* ModeChange payload, 4 bytes: the new mode of the sender's half. */
+/*
+ * ModeChange payload, 4 bytes: the new mode of the sender's half.
+ *
+ *  off len field   meaning
+ *   0   4  mode    enum sdp_mode (conn.h): 0 buffered, 1 combined,
+ *                  2 pipelined; anything else aborts the connection
+ */
 struct sdp_modechange {
-	uint32_t mode;                     /* enum sdp_mode */
+	uint32_t mode;
 };
+_Static_assert(sizeof(struct sdp_modechange) == 4, "ModeChange payload is 4 bytes");
 
 /*
  * Zero-copy control words, 128 bytes, part of each side's control block
@@ -190,13 +207,17 @@ struct sdp_zctl {
 	_Atomic int32_t pid;
 	_Atomic uint32_t adv_max;
 	_Atomic uint32_t mode;
-	uint32_t reserved0;
+	_Atomic uint32_t cancel_last;
 	uint64_t probe_addr;
 	_Atomic uint32_t reading;
 	_Atomic uint32_t refused;
 	char reserved[48];
 };
 _Static_assert(sizeof(struct sdp_zctl) == 128, "zero-copy control words are 128 bytes");
+_Static_assert(offsetof(struct sdp_zctl, sink_state) == 20, "sink_state at 20");
+_Static_assert(offsetof(struct sdp_zctl, pid) == 48, "pid at 48");
+_Static_assert(offsetof(struct sdp_zctl, cancel_last) == 60, "cancel_last at 60");
+_Static_assert(offsetof(struct sdp_zctl, refused) == 76, "refused at 76");
 
 enum { SDP_SINK_NONE = 0, SDP_SINK_OFFERED, SDP_SINK_TAKEN, SDP_SINK_WITHDRAWN };
 

@@ -33,8 +33,9 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
-	if (r == -EAGAIN && !shm_peer_sane(ep)) {
-		sdp_abort_insane(c);
+	const char *why;
+	if (r == -EAGAIN && !ep->ops->peer_sane(ep, &why)) {
+		sdp_abort_insane(c, why);
 		return -ECONNRESET;
 	}
 	if (r)
@@ -92,7 +93,7 @@ static int rx_end_state(struct sdp_conn *c)
 		return -e;
 	if (sdp_is_reset(c))
 		return sdp_take_reset(c) ? -ECONNRESET : 0;
-	if (atomic_load(&c->rx_eof) || shm_peer_fin(&c->ep) ||
+	if (atomic_load(&c->rx_eof) || sdp_marked(c, FAB_M_FIN_READ) ||
 	    atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
 		return 0;
 	return 1;
@@ -119,8 +120,8 @@ static bool srcavail_revoked(struct sdp_conn *c, const char *pl)
 {
 	struct sdp_srcavail sa;
 	memcpy(&sa, pl, sizeof sa);
-	struct sdp_zctl *pz = shm_zc_peer(&c->ep);
-	uint32_t cid = atomic_load(&pz->cancel_id), clast = pz->reserved0;
+	struct sdp_zctl *pz = sdp_zc_peer(c);
+	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
 	return cid && sa.id <= clast && sa.id > c->rx_src_id;
 }
 
@@ -129,7 +130,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 			   size_t room, bool peek, bool bounce, bool *whole)
 {
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
 	struct sdp_srcavail sa;
 	memcpy(&sa, pl, sizeof sa);
 	*whole = false;
@@ -144,21 +145,25 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	/* Mark the read before looking for a cancel (the source looks the
 	 * other way round), so a cancel never races a read. */
 	atomic_store(&z->reading, sa.id);
+	sdp_zc_publish(c, reading, reading);
 	/* Revoked ranges always run from the first unfinished advertisement
 	 * to the last posted, so every id up to the highest revoked one that
 	 * is still unread (it is here, at the head) is revoked: a later cancel
 	 * must not bring an earlier revoked buffer back to life. */
-	uint32_t cid = atomic_load(&pz->cancel_id), clast = pz->reserved0;
+	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
 	if (cid && sa.id <= clast) {
 		atomic_store(&z->reading, 0);
 		*whole = true;                /* revoked: skip it */
 		if (!peek) {
 			c->rx_src_id = sa.id;
 			atomic_store(&z->rd_done, sa.id);
-			/* The source may wait for rd_done to make room for
-			 * its next advertisement. */
-			ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 		}
+		sdp_zc_publish(c, rd_done, rd_done);
+		sdp_zc_publish(c, reading, reading);
+		/* The source may wait for rd_done to make room for its
+		 * next advertisement. */
+		if (!peek)
+			ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 		return 0;
 	}
 	size_t n = sa.len - off;
@@ -166,6 +171,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		n = room;
 	if (n == 0) {
 		atomic_store(&z->reading, 0);
+		sdp_zc_publish(c, reading, reading);
 		return 0;
 	}
 	/* The key must be a process that holds the far end of this
@@ -174,6 +180,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	int kc = zc_key_check(c, fd, sa.key);
 	if (kc == 0) {
 		atomic_store(&z->reading, 0);
+		sdp_zc_publish(c, reading, reading);
 		sdp_log(0, "SrcAvail %u names process %d, which does not hold "
 			"this connection: connection aborted", sa.id, (int)sa.key);
 		sdp_conn_abort(c, ECONNRESET);
@@ -224,10 +231,14 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek) {
 		/* The kernel will not let us read the source: refuse; it
 		 * revokes its SrcAvails and sends by Buffer Copy instead. */
+		int e = errno;
 		atomic_store(&z->reading, 0);
 		atomic_store(&z->adv_max, 0);
-		atomic_store(&c->cma, -errno);
+		atomic_store(&c->cma, -e);
+		sdp_zc_publish(c, adv_max, reading);
 		atomic_store(&z->refused, 1);
+		sdp_zc_publish(c, refused, refused);
+		errno = e;
 		ep->ops->kick(ep, fd, FAB_WAIT_ZC | FAB_WAIT_CREDIT);
 		sdp_log(1, "RDMA Read refused (%s): Buffer Copy from now on",
 			strerror(errno));
@@ -236,6 +247,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 	if (got != (ssize_t)n) {
 failed:
 		atomic_store(&z->reading, 0);
+		sdp_zc_publish(c, reading, reading);
 		sdp_log(0, "RDMA Read of SrcAvail %u failed (%s): connection aborted",
 			sa.id, got < 0 ? strerror(errno) : "short read");
 		sdp_conn_abort(c, ECONNRESET);
@@ -248,11 +260,13 @@ failed:
 			c->rx_src_id = sa.id;
 			atomic_store(&z->rd_done, sa.id);
 		}
+		sdp_zc_publish(c, rd_done, rd_bytes);
 		c->st.rx_rzcopy_bytes += n;
 	} else if (off + n == sa.len) {
 		*whole = true;
 	}
 	atomic_store(&z->reading, 0);         /* after rd_bytes is published */
+	sdp_zc_publish(c, reading, reading);
 	if (!peek)
 		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 	return (ssize_t)n;
@@ -267,7 +281,7 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 	struct iovec v;
 	if (iov_slice(iov, iovcnt, copied, room, &v, 1) != 1)
 		return false;
-	struct sdp_zctl *z = shm_zc_me(ep);
+	struct sdp_zctl *z = sdp_zc_me(c);
 	if (atomic_load(&z->adv_max) == 0 ||
 	    v.iov_len < atomic_load(&c->zcopy_thresh))
 		return false;                 /* the peer may not write into us */
@@ -276,7 +290,9 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
 	z->sink_pos = c->rx_stream;
 	atomic_store(&z->pid, (int32_t)sdp_pid);
 	atomic_store(&z->sink_id, ++c->sink_id);
+	sdp_zc_publish(c, sink_id, pid);
 	atomic_store_explicit(&z->sink_state, SDP_SINK_OFFERED, memory_order_release);
+	sdp_zc_publish(c, sink_state, sink_state);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 	return true;
 }
@@ -285,20 +301,20 @@ static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
  * is then on its way and must be read). */
 static bool sink_withdraw(struct sdp_conn *c)
 {
-	struct sdp_zctl *z = shm_zc_me(&c->ep);
-	uint32_t st = SDP_SINK_OFFERED;
-	if (atomic_compare_exchange_strong(&z->sink_state, &st, SDP_SINK_WITHDRAWN))
-		return true;
-	return st != SDP_SINK_TAKEN;
+	uint32_t st = c->ep.ops->zc_cas(&c->ep, FAB_OURS,
+					offsetof(struct sdp_zctl, sink_state),
+					SDP_SINK_OFFERED, SDP_SINK_WITHDRAWN);
+	return st != SDP_SINK_TAKEN;          /* withdrawn now, or never taken */
 }
 
 static void ack_cancel_locked(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
 	uint32_t cid = atomic_load(&pz->cancel_id);
 	if (cid && atomic_load(&z->cancel_ack) != cid) {
 		atomic_store(&z->cancel_ack, cid);
+		sdp_zc_publish(c, cancel_ack, cancel_ack);
 		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 	}
 }
@@ -334,7 +350,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	while (copied < total || (total == 0 && !data_pending(c))) {
 		/* Our side froze for a fallback (maybe another thread): what
 		 * is still in the ring is re-sent by the peer on TCP. */
-		if (shm_my_fb(&c->ep) || atomic_load(&c->fb_done)) {
+		if (sdp_marked(c, FAB_MY(FAB_M_FB)) || atomic_load(&c->fb_done)) {
 			r = copied ? 0 : -SDP_EFALLBACK;
 			break;
 		}
@@ -381,7 +397,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				/* The source wrote into our SinkAvail buffer. */
 				struct sdp_wrcompl wc;
 				memcpy(&wc, pl, sizeof wc);
-				struct sdp_zctl *z = shm_zc_me(&c->ep);
+				struct sdp_zctl *z = sdp_zc_me(c);
 				if (!offered || idx || wc.id != c->sink_id ||
 				    atomic_load(&z->sink_state) != SDP_SINK_TAKEN ||
 				    wc.len > z->sink_len || copied + wc.len > total) {
@@ -391,6 +407,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 					break;
 				}
 				atomic_store(&z->sink_state, SDP_SINK_NONE);
+				sdp_zc_publish(c, sink_state, sink_state);
 				offered = false;
 				copied += wc.len;
 				c->rx_stream += wc.len;
@@ -552,7 +569,8 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 					rx_release(c, fd);
 					r = 0;
 				}
-				atomic_store(&shm_zc_me(&c->ep)->sink_state, SDP_SINK_NONE);
+				atomic_store(&sdp_zc_me(c)->sink_state, SDP_SINK_NONE);
+				sdp_zc_publish(c, sink_state, sink_state);
 				break;
 			}
 			if (sdp_now_ns() > deadline || sdp_is_reset(c)) {
@@ -618,7 +636,8 @@ unsigned sdp_events(struct sdp_conn *c)
 	uint32_t pend = ep->ops->rx_pending(ep);
 	if (pend == UINT32_MAX)
 		return POLLIN | POLLERR | POLLHUP;
-	bool fin = atomic_load(&c->rx_eof) || shm_peer_fin_seen(ep) ||
+	unsigned m = ep->ops->marks(ep, FAB_M_FIN | FAB_M_CLOSED);
+	bool fin = atomic_load(&c->rx_eof) || (m & FAB_M_FIN) ||
 		   atomic_load(&c->peer_gone);
 	bool rd_closed = fin || atomic_load(&c->rx_shut);
 	uint32_t lowat = atomic_load(&c->rcvlowat);
@@ -630,7 +649,7 @@ unsigned sdp_events(struct sdp_conn *c)
 		ev |= POLLERR;
 	bool wr_closed = atomic_load(&c->tx_shut);
 	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone) ||
-	    shm_peer_closed(ep))
+	    (m & FAB_M_CLOSED))
 		ev |= POLLOUT | POLLWRNORM;
 	if (wr_closed && rd_closed)
 		ev |= POLLHUP;                /* TCP: both directions shut */

@@ -70,16 +70,16 @@ static int tx_error(struct sdp_conn *c)
 		return sdp_take_reset(c) ? -ECONNRESET : -EPIPE;
 	if (atomic_load(&c->tx_shut))
 		return -EPIPE;
-	if (shm_peer_closed(&c->ep) || atomic_load(&c->peer_gone))
+	unsigned m = c->ep.ops->marks(&c->ep, FAB_M_CLOSED | FAB_M_RD_SHUT | FAB_M_FIN);
+	if ((m & FAB_M_CLOSED) || atomic_load(&c->peer_gone))
 		return atomic_exchange(&c->sent_after_close, 1) ? -EPIPE : 1;
-	if (shm_peer_rd_shut(&c->ep) && shm_peer_fin_seen(&c->ep)) {
+	if ((m & (FAB_M_RD_SHUT | FAB_M_FIN)) == (FAB_M_RD_SHUT | FAB_M_FIN)) {
 		/* The peer shut both halves: as with TCP, these bytes are taken
 		 * and the peer answers with a reset, which both ends see:
 		 * we get EPIPE if we had its FIN already, else ECONNRESET. */
-		shm_set_abort(&c->ep);
+		sdp_mark(c, FAB_M_ABORT);
 		atomic_store(&c->state, SDP_ST_RESET);
-		if (shm_peer_fin_seen(&c->ep))
-			atomic_store(&c->err_reported, 1);
+		atomic_store(&c->err_reported, 1);
 		return 1;
 	}
 	return 0;

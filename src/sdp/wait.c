@@ -38,19 +38,26 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	struct fab_ep *ep = &c->ep;
 	if (atomic_load_explicit(&c->peer_gone, memory_order_relaxed) ||
 	    atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
-	    shm_peer_abort(ep) || sdp_fallback_pending(c))
+	    atomic_load_explicit(&c->fb_done, memory_order_relaxed))
 		return true;
-	if (!shm_peer_sane(ep)) {
-		sdp_abort_insane(c);
+	/* The peer's abort, either side's fallback, and for a receive the
+	 * peer's FIN after everything we read: one look at the marks. */
+	unsigned m = ep->ops->marks(ep, FAB_M_ABORT | FAB_M_FB | FAB_MY(FAB_M_FB) |
+				    ((what & FAB_WAIT_RX) ? FAB_M_FIN_READ : 0));
+	if (m & (FAB_M_ABORT | FAB_M_FB | FAB_MY(FAB_M_FB)))
+		return true;
+	const char *why;
+	if (!ep->ops->peer_sane(ep, &why)) {
+		sdp_abort_insane(c, why);
 		return true;
 	}
 	if ((what & FAB_WAIT_RX) &&
-	    (ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep)))
+	    (ep->ops->rx_pending(ep) != 0 || (m & FAB_M_FIN_READ)))
 		return true;
 	if ((what & FAB_WAIT_CREDIT) && ep->ops->credits(ep) != 0)
 		return true;
 	if ((what & FAB_WAIT_ZC) &&
-	    atomic_load(&shm_zc_peer(ep)->rd_done) != c->zc_mark)
+	    atomic_load(&sdp_zc_peer(c)->rd_done) != c->zc_mark)
 		return true;
 	return false;
 }
@@ -60,11 +67,10 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
  * died: as the kernel does, a peer that left our data unread resets. */
 static void note_wakeup_result(struct sdp_conn *c, int r)
 {
-	struct fab_ep *ep = &c->ep;
 	if (r == 1) {
 		uint32_t z = 0;
-		bool reset = !shm_peer_fin_seen(ep) && !shm_peer_caught_up(ep) &&
-			     !shm_peer_fb(ep);
+		/* No FIN, our data unread, no fallback: the peer died. */
+		bool reset = !sdp_marked(c, FAB_M_FIN | FAB_M_CAUGHT_UP | FAB_M_FB);
 		if (atomic_compare_exchange_strong(&c->peer_gone, &z, reset ? 2 : 1))
 			sdp_log(1, "peer's TCP socket closed%s", reset ?
 				" before its data was read: reset" : "");
@@ -77,7 +83,7 @@ static void note_wakeup_result(struct sdp_conn *c, int r)
 bool sdp_is_reset(struct sdp_conn *c)
 {
 	return atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
-	       shm_peer_abort(&c->ep) ||
+	       sdp_marked(c, FAB_M_ABORT) ||
 	       atomic_load_explicit(&c->peer_gone, memory_order_relaxed) == 2;
 }
 
@@ -272,12 +278,11 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline,
  */
 static bool peer_copying(struct sdp_conn *c, unsigned what)
 {
-	struct fab_ep *ep = &c->ep;
 	if ((what & FAB_WAIT_ZC) &&
-	    atomic_load_explicit(&shm_zc_peer(ep)->reading, memory_order_relaxed))
+	    atomic_load_explicit(&sdp_zc_peer(c)->reading, memory_order_relaxed))
 		return true;
 	return (what & FAB_WAIT_RX) &&
-	       atomic_load_explicit(&shm_zc_me(ep)->sink_state, memory_order_relaxed) ==
+	       atomic_load_explicit(&sdp_zc_me(c)->sink_state, memory_order_relaxed) ==
 	       SDP_SINK_TAKEN;
 }
 
@@ -409,25 +414,26 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 	return ret;
 }
 
-/* The peer's control block failed shm_peer_sane(): say why, abort. */
-void sdp_abort_insane(struct sdp_conn *c)
+/* The peer's control block failed its provider's peer_sane: say why, abort. */
+void sdp_abort_insane(struct sdp_conn *c, const char *why)
 {
 	if (sdp_is_reset(c))
 		return;
 	sdp_log(0, "peer control block makes no sense (%s): connection aborted",
-		shm_peer_insane_why());
+		why ? why : "?");
 	sdp_conn_abort(c, ECONNRESET);
 }
 
 void sdp_check_peer(struct sdp_conn *c)
 {
-	if (!sdp_is_reset(c) && !shm_peer_sane(&c->ep))
-		sdp_abort_insane(c);
+	const char *why;
+	if (!sdp_is_reset(c) && !c->ep.ops->peer_sane(&c->ep, &why))
+		sdp_abort_insane(c, why);
 }
 
 void sdp_conn_abort(struct sdp_conn *c, int err)
 {
 	atomic_store(&c->so_error, err);
 	atomic_store(&c->state, SDP_ST_RESET);
-	shm_set_abort(&c->ep);
+	sdp_mark(c, FAB_M_ABORT);
 }

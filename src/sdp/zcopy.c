@@ -43,9 +43,6 @@
 
 #define SDP_CANCEL_WAIT_MS 2000
 
-int sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov,
-		 int iovcnt, size_t off, size_t len);
-
 const char *zc_mode_name(int mode)
 {
 	return mode == SDP_MODE_PIPELINED ? "pipelined" :
@@ -54,13 +51,14 @@ const char *zc_mode_name(int mode)
 
 void zc_attach(struct sdp_conn *c)
 {
-	struct sdp_zctl *z = shm_zc_me(&c->ep);
+	struct sdp_zctl *z = sdp_zc_me(c);
 	atomic_store(&z->pid, (int32_t)sdp_pid);
-	z->probe_addr = (uint64_t)(uintptr_t)c->ep.base;
+	z->probe_addr = c->ep.ops->probe_addr(&c->ep);
 	/* Optimistic: if the kernel refuses a read later, we refuse that
 	 * SrcAvail and the source falls back to Buffer Copy. */
 	atomic_store(&z->adv_max, sdp_tun.zcopy_depth);
 	atomic_store(&z->mode, SDP_MODE_BUFFERED);
+	sdp_zc_publish(c, rd_done, refused);
 }
 
 int zc_key_check(struct sdp_conn *c, int fd, int32_t key)
@@ -85,28 +83,22 @@ bool zc_key_ok(struct sdp_conn *c, int fd, int32_t key)
 	return zc_key_check(c, fd, key) == 1;
 }
 
-/* Can we read the peer's memory? Read its mapping of our shared header. */
+/* Can we read the peer's memory? The provider's probe of the address the
+ * peer published (shm: its mapping of our shared header). */
 static int cma_probe(struct sdp_conn *c, int fd)
 {
-	struct sdp_zctl *pz = shm_zc_peer(&c->ep);
+	struct sdp_zctl *pz = sdp_zc_peer(c);
 	uint64_t addr = pz->probe_addr;
 	pid_t pid = atomic_load(&pz->pid);
 	if (!pid || !addr)
 		return 0;                     /* peer not attached yet: ask later */
 	if (!zc_key_ok(c, fd, pid))
 		return -EPERM;                /* not provably our peer: no CMA */
-	uint64_t theirs = 0, ours;
-	memcpy(&ours, c->ep.base, sizeof ours);
-	struct iovec l = { &theirs, sizeof theirs };
-	ssize_t r = c->ep.ops->rdma_read(&c->ep, &l, 1, addr, sizeof theirs,
-					 (uint64_t)pid);
-	if (r != (ssize_t)sizeof theirs) {
-		int e = r < 0 ? (int)-r : EIO;
+	int r = c->ep.ops->probe(&c->ep, addr, (uint64_t)pid);
+	if (r < 0 && r != -EPROTO)
 		sdp_log(1, "zero copy off for this connection: RDMA Read from %d: %s",
-			(int)pid, strerror(e));
-		return -e;
-	}
-	return theirs == ours ? 1 : -EPROTO;
+			(int)pid, strerror(-r));
+	return r;
 }
 
 /* Probe once the peer is there; publish what we can do: adv_max > 0 tells
@@ -119,8 +111,10 @@ void zc_probe(struct sdp_conn *c, int fd)
 	if (!v)
 		return;
 	atomic_store(&c->cma, v);
-	if (v < 0)
-		atomic_store(&shm_zc_me(&c->ep)->adv_max, 0);
+	if (v < 0) {
+		atomic_store(&sdp_zc_me(c)->adv_max, 0);
+		sdp_zc_publish(c, adv_max, adv_max);
+	}
 }
 
 bool zc_usable(struct sdp_conn *c, int fd, size_t len, bool nonblock)
@@ -134,7 +128,7 @@ bool zc_usable(struct sdp_conn *c, int fd, size_t len, bool nonblock)
 	/* Usable if we can write into the peer (Write ZCopy) or it can read
 	 * us (Read ZCopy, its adv_max). */
 	return atomic_load(&c->cma) > 0 ||
-	       atomic_load(&shm_zc_peer(&c->ep)->adv_max) > 0;
+	       atomic_load(&sdp_zc_peer(c)->adv_max) > 0;
 }
 
 /* ---- RDMA by Cross Memory Attach, around the host's slow case ------------- */
@@ -192,8 +186,7 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 			int iovcnt, size_t off, size_t len)
 {
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *pz = shm_zc_peer(ep);
-	uint32_t st = SDP_SINK_OFFERED;
+	struct sdp_zctl *pz = sdp_zc_peer(c);
 	if (atomic_load(&c->cma) <= 0 ||
 	    atomic_load(&pz->sink_state) != SDP_SINK_OFFERED ||
 	    pz->sink_pos != c->tx_stream || ep->ops->credits(ep) == 0)
@@ -202,7 +195,8 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (!zc_key_ok(c, fd, sink))
 		return 0;                     /* only into a verified peer */
 	uint32_t id = atomic_load(&pz->sink_id);
-	if (!atomic_compare_exchange_strong(&pz->sink_state, &st, SDP_SINK_TAKEN))
+	if (ep->ops->zc_cas(ep, FAB_PEERS, offsetof(struct sdp_zctl, sink_state),
+			    SDP_SINK_OFFERED, SDP_SINK_TAKEN) != SDP_SINK_OFFERED)
 		return 0;                     /* withdrawn meanwhile */
 	size_t n = len < pz->sink_len ? len : pz->sink_len;
 	/* The local side of the copy: our iovec from stream offset off. */
@@ -236,7 +230,8 @@ static void set_mode(struct sdp_conn *c, int mode)
 	if (c->mode == mode)
 		return;
 	c->mode = (uint8_t)mode;
-	atomic_store(&shm_zc_me(&c->ep)->mode, (uint32_t)mode);
+	atomic_store(&sdp_zc_me(c)->mode, (uint32_t)mode);
+	sdp_zc_publish(c, mode, mode);
 	c->mode_msg = 1;
 }
 
@@ -253,10 +248,13 @@ static void post_mode(struct sdp_conn *c, int fd)
 static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t last)
 {
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
-	if (last > z->reserved0)
-		z->reserved0 = last;          /* cancel_last: only grows */
+	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
+	if (last > atomic_load(&z->cancel_last)) {
+		atomic_store(&z->cancel_last, last);   /* only grows */
+		sdp_zc_publish(c, cancel_last, cancel_last);
+	}
 	atomic_store(&z->cancel_id, first);   /* seq_cst: before reading "reading" */
+	sdp_zc_publish(c, cancel_id, cancel_id);
 	ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
 	uint64_t deadline = sdp_now_ns() + SDP_CANCEL_WAIT_MS * 1000000ull;
 	while (atomic_load(&pz->cancel_ack) != first) {
@@ -299,7 +297,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 {
 	*go_bcopy = false;
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *pz = shm_zc_peer(ep);
+	struct sdp_zctl *pz = sdp_zc_peer(c);
 	size_t done = 0;
 
 	/* The receiver already waits with its buffer: write into it. */
@@ -447,7 +445,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 void zc_ack_cancel(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = shm_zc_me(ep), *pz = shm_zc_peer(ep);
+	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
 	uint32_t cid = atomic_load(&pz->cancel_id);
 	if (!cid || atomic_load(&z->cancel_ack) == cid)
 		return;
@@ -455,6 +453,7 @@ void zc_ack_cancel(struct sdp_conn *c, int fd)
 	if (pthread_mutex_trylock(&c->rx_lock) != 0)
 		return;                       /* the reader will answer */
 	atomic_store(&z->cancel_ack, cid);
+	sdp_zc_publish(c, cancel_ack, cancel_ack);
 	pthread_mutex_unlock(&c->rx_lock);
 	ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 }

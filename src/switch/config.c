@@ -174,7 +174,10 @@ static void do_init(void)
 	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
 	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
 				    1024, 1u << 22) & ~63u;
-	shm_region_tune(tun_get("SDP_REGION_CACHE", "region_cache", 8, 0, 64));
+	struct fab_params fp = {
+		.region_cache = tun_get("SDP_REGION_CACHE", "region_cache", 8, 0, 64),
+	};
+	fab_init(&fp);
 	int r = sdp_pool_init();
 	if (r < 0)
 		sdp_logf("connection pool unavailable (%s): all sockets stay TCP",

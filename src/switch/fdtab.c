@@ -79,7 +79,7 @@ void fd_set_sdp(int fd, struct sdp_conn *c)
 	atomic_store_explicit(&e->kind, FDK_SDP, memory_order_release);
 }
 
-void fd_set_tcp(int fd, int role)
+void fd_set_tcp(int fd, enum sdp_role role)
 {
 	struct fdent *e = fd_get(fd);
 	if (!e)
@@ -141,19 +141,8 @@ void fd_forget(int fd)
 	if (k == FDK_TCP && e->c) {
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
-		if (atomic_fetch_sub(&holds[c->idx], 1) == 1) {
-			bool last = atomic_fetch_sub(&c->nproc, 1) == 1;
-			if (c->ep.base) {         /* fell back from SDP */
-				if (last) {
-					shm_set_closed(&c->ep);
-					c->ep.ops->detach(&c->ep);
-				} else {
-					c->ep.ops->unmap(&c->ep);
-				}
-			}
-			if (last)
-				sdp_conn_free(c);
-		}
+		if (atomic_fetch_sub(&holds[c->idx], 1) == 1)
+			sdp_release_tcp(c);
 	} else if (k == FDK_SDP && e->c) {
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
@@ -179,7 +168,7 @@ void fd_forget(int fd)
 
 void fd_fallback(int fd, struct sdp_conn *c)
 {
-	if (!atomic_load(&c->fb_done) && !shm_peer_fb(&c->ep)) {
+	if (!atomic_load(&c->fb_done) && !sdp_fallback_by_peer(c)) {
 		/* If the other end of this connection is ours too (both ends
 		 * in one process, maybe one thread), it cannot answer while
 		 * we wait: run its half here. */

@@ -19,16 +19,16 @@
 #include <sys/socket.h>
 #include <stdint.h>
 
+#include "sdp/conn.h"
+
 enum sdp_use {
 	SDP_USE_TCP  = 0,   /* plain kernel TCP */
 	SDP_USE_SDP  = 1,   /* SDP (falls back to TCP when the peer is not SDP) */
 	SDP_USE_BOTH = 2,   /* SDP when the peer supports it, else TCP */
 };
 
-enum sdp_role {
-	SDP_ROLE_SERVER = 1,  /* listening / accepted sockets */
-	SDP_ROLE_CLIENT = 2,  /* connecting sockets */
-};
+/* enum sdp_role (SDP_ROLE_SERVER, SDP_ROLE_CLIENT) is the engine's
+ * (sdp/conn.h): a rule's roles are a mask of its values. */
 
 struct sdp_policy;
 

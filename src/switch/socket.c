@@ -117,7 +117,7 @@ EXPORT int listen(int fd, int backlog)
 	struct sdp_listener *l = NULL;
 	if (sys_getsockname(fd, &a, &len) == 0 &&
 	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP) {
-		int e = sdp_listener_open(fd, &l);
+		int e = sdp_listener_open(fd, FAB_PREF_ANY, &l);
 		if (e < 0)
 			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
 	}
@@ -136,7 +136,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	struct sdp_conn *c = NULL;
 	struct sdp_connect_state cs = { 0 };
 	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
-		c = sdp_hello_connect(fd, addr, len, &cs);
+		c = sdp_hello_connect(fd, addr, len, FAB_PREF_ANY, &cs);
 	int r, e;
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a
@@ -173,8 +173,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		sdp_log(2, "connect fd %d: SDP%s", fd, r ? " (in progress)" : "");
 	} else {
 		sdp_connect_done(c, fd, e);
-		c->ep.ops->detach(&c->ep);
-		sdp_conn_free(c);
+		sdp_conn_drop(c);
 	}
 	errno = e;
 	return r;

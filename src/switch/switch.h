@@ -70,7 +70,7 @@ static inline struct sdp_conn *fd_conn(int fd)
 }
 void fd_set_sdp(int fd, struct sdp_conn *c);      /* takes a process hold */
 /* A stream connection on plain TCP: recorded (for sdp stat) as kind TCP. */
-void fd_set_tcp(int fd, int role);
+void fd_set_tcp(int fd, enum sdp_role role);
 void fd_set_listen(int fd, struct sdp_listener *l);
 void fd_set_kind(int fd, int kind);
 /* Forget fd (closed by the app). Releases the SDP connection if this was

@@ -375,7 +375,7 @@ static int cmd_stat(int argc, char **argv)
 					       first ? "" : ",", hits[x].pid, hits[x].fd, la, ra,
 					       c->transport ? "sdp" : "tcp",
 					       state_name(st), mode_name(c->mode),
-					       c->role == 1 ? "server" : "client",
+					       c->role == SDP_ROLE_SERVER ? "server" : "client",
 					       (unsigned long long)c->st.tx_bytes,
 					       (unsigned long long)c->st.rx_bytes,
 					       (unsigned long long)c->st.tx_msgs,

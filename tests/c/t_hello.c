@@ -3,8 +3,9 @@
  *
  * Under SDP, listen() on 127.0.0.1:P publishes an abstract AF_UNIX
  * SOCK_SEQPACKET socket "@sdp1.<uid>.<family>.<port>.<hex addr>"; a client
- * sends a 64-byte hello naming its TCP 4-tuple, with the connection memory
- * (a sealed memfd) attached, before it connects. Abstract names carry no
+ * sends a hello (struct sdp_hello) naming its TCP 4-tuple, with the shm
+ * provider's offer (struct shm_offer) and the connection memory (a sealed
+ * memfd) attached, before it connects. Abstract names carry no
  * permissions: any process of the host can connect there and send anything.
  * Each case runs in a forked child with a fresh listener, does something a
  * hostile process would do, and then requires that
@@ -41,27 +42,16 @@
 #include <sys/time.h>
 #include <sys/un.h>
 
-#include "../../src/sdp/proto.h"
+/* The wire formats as the library defines them: the hello, and the shm
+ * provider's offer and region header. */
+#include "sdp/proto.h"
+#include "fabric/shm_layout.h"
 
 #define NOBODY 65534
 
-/* The head of the connection memory, as the shm provider lays it out. */
-#define REGION_MAGIC    0x53444d52u   /* "SDMR" */
-#define REGION_VERSION  3
-#define REGION_HDR_SIZE 4096u
 #define F_NSLOTS        8
 #define F_SLOT          4096
-#define F_SIZE          (REGION_HDR_SIZE + 2u * F_NSLOTS * F_SLOT)
-
-struct region_head {
-	uint32_t magic;
-	uint32_t version;
-	uint32_t nslots;
-	uint32_t slot_size;
-	uint64_t token;
-	uint64_t ring_off;
-	uint32_t state;
-};
+#define F_SIZE          (SHM_HDR_SIZE + 2u * F_NSLOTS * F_SLOT)
 
 /* ---- watchdog naming the step ------------------------------------------ */
 
@@ -234,16 +224,24 @@ static struct sdp_hello mk_hello(uint16_t dport, uint16_t sport, uint64_t token)
 		.family = AF_INET,
 		.dst_port = htons(dport),
 		.src_port = htons(sport),
-		.nslots = F_NSLOTS,
-		.slot_size = F_SLOT,
 		.pid = (int32_t)getpid(),
 		.token = token,
 		.time_ns = now_ns(),
+		.fabric = FAB_ID_SHM,
+		.nfds = 1,
+		.offer_len = sizeof(struct shm_offer),
 	};
 	uint32_t lo = htonl(INADDR_LOOPBACK);
 	memcpy(h.dst_addr, &lo, 4);
 	memcpy(h.src_addr, &lo, 4);          /* the whole 4-tuple, as a client */
 	return h;
+}
+
+/* The shm offer: the region `pg` pages into the memfd, with these flags. */
+static void set_offer(struct sdp_hello *h, uint32_t pg, uint32_t flags)
+{
+	struct shm_offer o = { .region_pg = pg, .flags = flags };
+	memcpy(h->offer, &o, sizeof o);
 }
 
 enum rkind { R_GOOD, R_SMALL, R_UNSEALED, R_BADMAGIC };
@@ -256,17 +254,17 @@ static int mk_region_at(uint64_t token, enum rkind k, uint32_t pages, off_t size
 			      MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	CHECK(fd >= 0);
 	SYS(ftruncate(fd, size));
-	struct region_head *h = mmap(NULL, REGION_HDR_SIZE, PROT_READ | PROT_WRITE,
-				     MAP_SHARED, fd, (off_t)pages * 4096);
+	struct shm_hdr *h = mmap(NULL, SHM_HDR_SIZE, PROT_READ | PROT_WRITE,
+				 MAP_SHARED, fd, (off_t)pages * 4096);
 	CHECK(h != MAP_FAILED);
-	h->magic = k == R_BADMAGIC ? ~REGION_MAGIC : REGION_MAGIC;
-	h->version = REGION_VERSION;
+	h->magic = k == R_BADMAGIC ? ~SHM_MAGIC : SHM_MAGIC;
+	h->version = SHM_VERSION;
 	h->nslots = F_NSLOTS;
 	h->slot_size = F_SLOT;
 	h->token = token;
-	h->ring_off = REGION_HDR_SIZE;
-	h->state = 0;
-	SYS(munmap(h, REGION_HDR_SIZE));
+	h->ring_off = SHM_HDR_SIZE;
+	h->state = SHM_ST_CONNECTING;
+	SYS(munmap(h, SHM_HDR_SIZE));
 	if (k != R_UNSEALED)
 		SYS(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL));
 	return fd;
@@ -274,7 +272,7 @@ static int mk_region_at(uint64_t token, enum rkind k, uint32_t pages, off_t size
 
 static int mk_region(uint64_t token, enum rkind k)
 {
-	return mk_region_at(token, k, 0, k == R_SMALL ? REGION_HDR_SIZE : F_SIZE);
+	return mk_region_at(token, k, 0, k == R_SMALL ? SHM_HDR_SIZE : F_SIZE);
 }
 
 /* A complete, well-formed hello for (127.0.0.1:sport -> :dport). */
@@ -514,16 +512,15 @@ static void h_flood(struct hctx *x)
 	x->keep = FLOOD + 2 * FLOOD / 5;
 }
 
-/* Arena slots (SDP_HELLO_POOLED): the offset must leave room for the
+/* Arena slots (SHM_OFFER_POOLED): the offset must leave room for the
  * whole region inside the memfd; unknown flags are refused. */
 static void h_pooled_past_end(struct hctx *x)
 {
 	struct sdp_hello h = mk_hello(x->port, x->rport, 90);
 	int m = mk_region(90, R_GOOD);
-	h.flags = SDP_HELLO_POOLED;
-	h.region_pg = F_SIZE / 4096;          /* just past the end */
+	set_offer(&h, F_SIZE / 4096, SHM_OFFER_POOLED);   /* just past the end */
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
-	h.region_pg = UINT32_MAX;
+	set_offer(&h, UINT32_MAX, SHM_OFFER_POOLED);
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
 	SYS(close(m));
 	x->keep = 2;          /* well-formed until their memory is looked at */
@@ -534,8 +531,7 @@ static void h_pooled_no_room(struct hctx *x)
 	/* a good header one page in, but the rings would run past the end */
 	struct sdp_hello h = mk_hello(x->port, x->rport, 91);
 	int m = mk_region_at(91, R_GOOD, 1, F_SIZE);
-	h.flags = SDP_HELLO_POOLED;
-	h.region_pg = 1;
+	set_offer(&h, 1, SHM_OFFER_POOLED);
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
 	SYS(close(m));
 	x->keep = 1;
@@ -545,7 +541,30 @@ static void h_bad_flags(struct hctx *x)
 {
 	struct sdp_hello h = mk_hello(x->port, x->rport, 92);
 	int m = mk_region(92, R_GOOD);
-	h.flags = 0x100;
+	h.flags = 0x100;                      /* the hello's */
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	h.flags = 0;
+	set_offer(&h, 0, 0x100);              /* the shm offer's */
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	SYS(close(m));
+}
+
+/* The engine's checks of the provider's part: a provider that does not
+ * exist, an offer longer than its room, or bytes after its end. */
+static void h_bad_offer(struct hctx *x)
+{
+	struct sdp_hello h = mk_hello(x->port, x->rport, 95);
+	int m = mk_region(95, R_GOOD);
+	h.fabric = 0xEE;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	h = mk_hello(x->port, x->rport, 95);
+	h.offer_len = sizeof h.offer + 1;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	h = mk_hello(x->port, x->rport, 95);
+	h.offer[sizeof h.offer - 1] = 1;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	h = mk_hello(x->port, x->rport, 95);
+	h.offer_len = 3;                      /* too short for the shm offer */
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
 	SYS(close(m));
 }
@@ -581,8 +600,7 @@ static void h_pooled_forged(struct hctx *x)
 	g_forged_pg = 3;
 	g_forged_mem = mk_region_at(93, R_GOOD, g_forged_pg,
 				    (off_t)g_forged_pg * 4096 + F_SIZE);
-	h.flags = SDP_HELLO_POOLED;
-	h.region_pg = g_forged_pg;
+	set_offer(&h, g_forged_pg, SHM_OFFER_POOLED);
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &g_forged_mem, 1);
 	x->forged = true;
 }
@@ -601,10 +619,10 @@ static void forged_ok(struct hctx *x)
 			 (off_t)g_forged_pg * 4096);
 	CHECK(mem != MAP_FAILED);
 	struct sdp_bsdh b;
-	memcpy(&b, mem + REGION_HDR_SIZE + F_NSLOTS * F_SLOT, sizeof b);
+	memcpy(&b, mem + SHM_HDR_SIZE + F_NSLOTS * F_SLOT, sizeof b);
 	CHECK_EQ(b.mid, SDP_MID_DATA);
 	CHECK_EQ(b.len, sizeof b + 2);
-	CHECK(memcmp(mem + REGION_HDR_SIZE + F_NSLOTS * F_SLOT + sizeof b,
+	CHECK(memcmp(mem + SHM_HDR_SIZE + F_NSLOTS * F_SLOT + sizeof b,
 		     "hi", 2) == 0);
 	SYS(munmap(mem, F_SIZE));
 	SYS(close(g_forged_mem));
@@ -960,6 +978,7 @@ static const struct hcase cases[] = {
 	{ "pooled-past-end", h_pooled_past_end, NULL },
 	{ "pooled-no-room",  h_pooled_no_room, NULL },
 	{ "bad-flags",       h_bad_flags,     NULL },
+	{ "bad-offer",       h_bad_offer,     NULL },
 	{ "returned-forged", h_returned_forged, NULL },
 	{ "forged",          h_forged,        NULL },
 	{ "pooled-forged",   h_pooled_forged, NULL },

@@ -7,7 +7,7 @@
  * our sender (side 0), the peer's sender and receiver (side 1), the peer
  * sending and us taking wake-up tokens, and an observer on side 0 that -
  * as poll(), a waiting sender or the other thread of an application does -
- * asks shm_peer_sane(), credits() and rx_pending() without holding any
+ * asks peer_sane(), credits() and rx_pending() without holding any
  * lock. With three busy threads per CPU the observer is often preempted
  * between two loads: every answer must still be one an honest peer can
  * produce (sane, at most nslots credits, at most nslots pending).
@@ -106,9 +106,10 @@ static void *observer(void *arg)
 {
 	(void)arg;
 	while (!atomic_load(&stop)) {
-		if (!shm_peer_sane(&ep0)) {
+		const char *w = "?";
+		if (!ep0.ops->peer_sane(&ep0, &w)) {
 			atomic_fetch_add(&bad_sane, 1);
-			note_insane(shm_peer_insane_why());
+			note_insane(w);
 		}
 		if (ep0.ops->credits(&ep0) > NSLOTS)
 			atomic_fetch_add(&bad_credits, 1);
@@ -121,15 +122,20 @@ static void *observer(void *arg)
 
 int main(void)
 {
-	struct shm_offer o;
-	int r = shm_region_create(NSLOTS, SLOT_SIZE, 42, 0, &ep0, &o);
+	const struct fab_ops *ops = &fab_shm_ops;
+	struct fab_params fp = { .region_cache = 0 };   /* a region of its own */
+	ops->init(&fp);
+	struct fab_setup su = { .nslots = NSLOTS, .slot_size = SLOT_SIZE, .token = 42,
+				.pid = (int32_t)getpid() };
+	struct fab_offer o;
+	int r = ops->offer(&ep0, &su, &o);
 	if (r < 0) {
-		fprintf(stderr, "shm_region_create: %s\n", strerror(-r));
+		fprintf(stderr, "offer: %s\n", strerror(-r));
 		return 1;
 	}
-	r = shm_ep_attach(&ep1, o.fd, 1, 0, false);
+	r = ops->accept(&ep1, &su, &o);
 	if (r < 0) {
-		fprintf(stderr, "shm_ep_attach: %s\n", strerror(-r));
+		fprintf(stderr, "accept: %s\n", strerror(-r));
 		return 1;
 	}
 	pthread_t t[7];
@@ -170,8 +176,8 @@ int main(void)
 		fprintf(stderr, "the counters hardly moved: nothing was tested\n");
 		fail = 1;
 	}
-	shm_unmap(&ep1);
-	shm_unmap(&ep0);
-	close(o.fd);
+	ops->unmap(&ep1);
+	ops->unmap(&ep0);
+	close(o.fds[0]);
 	return fail;
 }

@@ -1,0 +1,51 @@
+/*
+ * fabric.c - the registry of providers: which one carries a connection.
+ *
+ * The engine never names a provider. At set-up it asks fab_choose() for
+ * the provider able to reach the peer's address, as the policy prefers
+ * (a policy rule may force one: "use sdp client * 10.0.0.0/8:* ofi"), and
+ * the accepting side finds the one the hello names with fab_by_id(). The
+ * table below is in order of preference: the first provider that reaches
+ * the peer is chosen. Only the shared-memory provider exists so far; it
+ * reaches the processes of this host.
+ */
+#include <stddef.h>
+
+#include "fabric/fabric.h"
+#include "fabric/shm_layout.h"
+
+static const struct {
+	const struct fab_ops *ops;
+	enum fab_pref pref;               /* the policy name that forces it */
+} providers[] = {
+	{ &fab_shm_ops, FAB_PREF_SHM },
+};
+#define NPROV (sizeof providers / sizeof providers[0])
+
+void fab_init(const struct fab_params *p)
+{
+	for (size_t i = 0; i < NPROV; i++)
+		providers[i].ops->init(p);
+}
+
+const struct fab_ops *fab_choose(const struct sockaddr *peer, socklen_t len,
+				 enum fab_pref pref)
+{
+	if (pref == FAB_PREF_TCP || !peer)
+		return NULL;
+	for (size_t i = 0; i < NPROV; i++) {
+		if (pref != FAB_PREF_ANY && providers[i].pref != pref)
+			continue;
+		if (providers[i].ops->reaches(peer, len))
+			return providers[i].ops;
+	}
+	return NULL;                          /* none: plain TCP */
+}
+
+const struct fab_ops *fab_by_id(unsigned id)
+{
+	for (size_t i = 0; i < NPROV; i++)
+		if (providers[i].ops->id == id)
+			return providers[i].ops;
+	return NULL;
+}
