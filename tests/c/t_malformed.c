@@ -46,47 +46,10 @@
 #include <sys/epoll.h>
 #include <sys/time.h>
 
-#include "../../src/sdp/proto.h"
-
-/* ---- the shared region, as the shm provider lays it out --------------- */
-
-#define REGION_MAGIC    0x53444d52u   /* "SDMR" */
-#define REGION_VERSION  3
-#define REGION_HDR_SIZE 4096u
-
-struct side_blk {                 /* written only by its own side */
-	_Atomic uint64_t prod;        /* messages posted into this side's ring */
-	char pad0[56];
-	_Atomic uint64_t cons;        /* messages consumed from the other ring */
-	char pad1[56];
-	_Atomic uint32_t armed;
-	_Atomic uint32_t fin;
-	_Atomic uint64_t fin_seq;
-	_Atomic uint32_t abort;
-	_Atomic int32_t  pid;
-	_Atomic uint64_t tokens_sent;
-	_Atomic uint64_t tokens_rcvd;
-	_Atomic uint32_t fb;
-	uint32_t fb_rx_off;
-	_Atomic uint64_t fb_rx_cons;
-	_Atomic uint32_t closed;
-	_Atomic uint32_t rd_shut;
-	struct sdp_zctl zc;           /* zero-copy control words */
-};
-_Static_assert(sizeof(struct side_blk) == 320, "control block is 320 bytes");
-
-struct region_hdr {
-	uint32_t magic;
-	uint32_t version;
-	uint32_t nslots;
-	uint32_t slot_size;
-	uint64_t token;
-	uint64_t ring_off;
-	_Atomic uint32_t state;
-	char pad[28];
-	struct side_blk side[2];
-};
-_Static_assert(offsetof(struct region_hdr, side) == 64, "blocks at 64");
+/* The wire formats as the library defines them: messages and control
+ * words, and the shm provider's region layout (what a peer could write). */
+#include "sdp/proto.h"
+#include "fabric/shm_layout.h"
 
 /* ---- one case --------------------------------------------------------- */
 
@@ -98,7 +61,7 @@ static const char *const probe_name[NPROBES] = { "recv", "poll", "epoll_wait",
 struct ctx {
 	char *base;                   /* the region, through one of its mappings */
 	size_t len;
-	struct region_hdr *h;
+	struct shm_hdr *h;
 	uint32_t n, sz;               /* receive buffers per side, bytes each */
 	int v, a;                     /* victim side, attacking side */
 	int vfd, pfd;                 /* the victim's socket, the peer's */
@@ -139,7 +102,7 @@ static void child_watchdog(unsigned ms)
 
 static char *ring_of(struct ctx *x, int side)
 {
-	return x->base + REGION_HDR_SIZE + (size_t)side * x->n * x->sz;
+	return x->base + SHM_HDR_SIZE + (size_t)side * x->n * x->sz;
 }
 
 /* ---- finding the region ----------------------------------------------- */
@@ -190,24 +153,24 @@ static void locate(struct ctx *x, const struct map *before, int nb)
 	CHECK_EQ(mine[0].end - mine[0].start, mine[1].end - mine[1].start);
 	x->base = (char *)mine[0].start;
 	x->len = mine[0].end - mine[0].start;
-	x->h = (struct region_hdr *)x->base;
-	const struct region_hdr *h2 = (const struct region_hdr *)mine[1].start;
-	CHECK_EQ(x->h->magic, REGION_MAGIC);
-	CHECK(x->h->version == REGION_VERSION, "region layout version %u, this "
-	      "test knows version %u: update struct side_blk", x->h->version,
-	      REGION_VERSION);
-	CHECK_EQ(x->h->ring_off, REGION_HDR_SIZE);
+	x->h = (struct shm_hdr *)x->base;
+	const struct shm_hdr *h2 = (const struct shm_hdr *)mine[1].start;
+	CHECK_EQ(x->h->magic, SHM_MAGIC);
+	CHECK(x->h->version == SHM_VERSION, "region layout version %u, this "
+	      "test was built for version %u: rebuild it", x->h->version,
+	      SHM_VERSION);
+	CHECK_EQ(x->h->ring_off, SHM_HDR_SIZE);
 	CHECK_EQ(h2->token, x->h->token);    /* the same memory twice */
 	x->n = x->h->nslots;
 	x->sz = x->h->slot_size;
 	CHECK(x->n >= 2 && x->sz >= 256);
-	CHECK(REGION_HDR_SIZE + 2 * (size_t)x->n * x->sz <= x->len);
+	CHECK(SHM_HDR_SIZE + 2 * (size_t)x->n * x->sz <= x->len);
 }
 
 /* ---- the malicious peer ----------------------------------------------- */
 
-static struct side_blk *att(struct ctx *x) { return &x->h->side[x->a]; }
-static struct side_blk *vic(struct ctx *x) { return &x->h->side[x->v]; }
+static struct shm_side *att(struct ctx *x) { return &x->h->side[x->a]; }
+static struct shm_side *vic(struct ctx *x) { return &x->h->side[x->v]; }
 
 /* A well-formed Data header for the next message we post. */
 static struct sdp_bsdh good_hdr(struct ctx *x, size_t plen)
@@ -703,9 +666,9 @@ static void run_xcase(enum xkind k)
 		CHECK_EQ(conn_maps(m), 1);
 		struct ctx x = { .base = (char *)m[0].start,
 				 .len = m[0].end - m[0].start, .v = 1, .a = 0 };
-		x.h = (struct region_hdr *)x.base;
-		CHECK_EQ(x.h->magic, REGION_MAGIC);
-		CHECK_EQ(x.h->version, REGION_VERSION);
+		x.h = (struct shm_hdr *)x.base;
+		CHECK_EQ(x.h->magic, SHM_MAGIC);
+		CHECK_EQ(x.h->version, SHM_VERSION);
 		x.n = x.h->nslots;
 		x.sz = x.h->slot_size;
 		if (k == X_SINK) {
