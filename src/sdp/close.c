@@ -24,7 +24,7 @@
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 /* closing: the TCP socket is closed right after, and its FIN wakes a
  * sleeping peer; no wake-up token is needed. */

@@ -27,7 +27,7 @@
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 /* Write all of buf to the TCP socket, whatever its O_NONBLOCK says. */
 static int write_all(int fd, const char *buf, size_t len)

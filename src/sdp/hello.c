@@ -46,7 +46,7 @@
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 #define HELLO_STALE_NS (120ull * 1000000000ull)
 

@@ -17,7 +17,7 @@
 
 #include "sdp/calib.h"
 #include "sdp/pool.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 static struct sdp_pool_hdr *pool;
 static struct sdp_proc *myproc;

@@ -16,7 +16,7 @@
 #include "sdp/conn.h"
 #include "sdp/iov.h"
 #include "sdp/proto.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 #include <sys/uio.h>
 #include <unistd.h>
 

@@ -31,7 +31,7 @@
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 static bool cond_met(struct sdp_conn *c, unsigned what)
 {

@@ -39,7 +39,7 @@
 #include "sdp/iov.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 #define SDP_CANCEL_WAIT_MS 2000
 

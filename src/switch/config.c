@@ -40,7 +40,6 @@ REAL_FUNCS(X)
 #undef X
 
 int sdp_inited;
-int sdp_log_level;
 const char *sdp_prog = "";
 struct sdp_tunables sdp_tun = {
 	.spin_us = 40,
@@ -56,21 +55,6 @@ static struct sdp_policy *policy;
 static bool have_policy;
 static _Atomic int init_state;          /* 0 new, 1 running, 2 done */
 static __thread int init_thread;
-
-void sdp_logf(const char *fmt, ...)
-{
-	char buf[1024];
-	int n = snprintf(buf, sizeof buf, "sdp[%d]: ", (int)getpid());
-	va_list ap;
-	va_start(ap, fmt);
-	n += vsnprintf(buf + n, sizeof buf - (size_t)n - 1, fmt, ap);
-	va_end(ap);
-	if (n > (int)sizeof buf - 2)
-		n = (int)sizeof buf - 2;
-	buf[n++] = '\n';
-	ssize_t w = syscall(SYS_write, 2, buf, (size_t)n);
-	(void)w;
-}
 
 static void policy_err(const char *msg, void *arg)
 {

@@ -19,7 +19,7 @@
 
 #include "sdp/conn.h"
 #include "switch/policy.h"
-#include "switch/log.h"
+#include "sdp/log.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
