@@ -36,16 +36,11 @@
 #include <unistd.h>
 
 #include "sdp/calib.h"
+#include "sdp/sys.h"
 
 #define ZC_HANDSHAKE_NS 8000.0   /* SrcAvail, completion and the sender
 				  * noticing it between two sends, estimate */
 #define CALIB_MAGIC "sdp-calib 2"
-
-/* The raw calls: inside the library the libc names are interposed. */
-static int r_open(const char *p, int fl, int mode) { return (int)syscall(SYS_openat, AT_FDCWD, p, fl, mode); }
-static int r_close(int fd) { return (int)syscall(SYS_close, fd); }
-static ssize_t r_read(int fd, void *b, size_t n) { return syscall(SYS_read, fd, b, n); }
-static ssize_t r_write(int fd, const void *b, size_t n) { return syscall(SYS_write, fd, b, n); }
 
 static double now_ns(void)
 {
@@ -79,10 +74,10 @@ static void host_key(char *k, size_t n)
 	struct utsname u;
 	char model[128] = "?", buf[8192];
 	uname(&u);
-	int fd = r_open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC, 0);
+	int fd = sys_open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
-		ssize_t got = r_read(fd, buf, sizeof buf - 1);
-		r_close(fd);
+		ssize_t got = sys_read(fd, buf, sizeof buf - 1);
+		sys_close(fd);
 		buf[got > 0 ? got : 0] = 0;
 		char *m = strstr(buf, "model name");
 		char *c = m ? strchr(m, ':') : NULL;
@@ -244,8 +239,8 @@ static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
 	child = (pid_t)syscall(SYS_fork);
 	if (child == 0) {
 		char c;
-		syscall(SYS_close, go[1]);
-		long r = syscall(SYS_read, go[0], &c, 1);   /* hold `a` until told */
+		sys_close(go[1]);
+		long r = sys_read(go[0], &c, 1);   /* hold `a` until told */
 		syscall(SYS_exit_group, r < 0);
 	}
 	if (child < 0)
@@ -286,14 +281,14 @@ static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
 	}
 out:
 	if (child > 0) {
-		r_close(go[1]);
+		sys_close(go[1]);
 		go[1] = -1;
 		waitpid(child, NULL, 0);
 	}
 	if (go[0] >= 0)
-		r_close(go[0]);
+		sys_close(go[0]);
 	if (go[1] >= 0)
-		r_close(go[1]);
+		sys_close(go[1]);
 	free(a);
 	free(b);
 	free(ring);
@@ -344,11 +339,11 @@ static int parse_fake(const char *s, struct sdp_calib *o)
 static bool cache_read(struct sdp_calib *o)
 {
 	char buf[2048];
-	int fd = r_open(o->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+	int fd = sys_open(o->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return false;
-	ssize_t n = r_read(fd, buf, sizeof buf - 1);
-	r_close(fd);
+	ssize_t n = sys_read(fd, buf, sizeof buf - 1);
+	sys_close(fd);
 	if (n <= 0)
 		return false;
 	buf[n] = 0;
@@ -415,11 +410,11 @@ static void cache_write(const struct sdp_calib *o)
 	char tmp[600];
 	snprintf(tmp, sizeof tmp, "%s.%d", o->path, (int)getpid());
 	/* Never follow a link someone planted (the cache may be in /tmp). */
-	int fd = r_open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	int fd = sys_open_mode(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return;
-	bool ok = r_write(fd, out, (size_t)n) == n;
-	r_close(fd);
+	bool ok = sys_write(fd, out, (size_t)n) == n;
+	sys_close(fd);
 	if (ok)
 		rename(tmp, o->path);
 	else

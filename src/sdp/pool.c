@@ -18,6 +18,7 @@
 #include "sdp/calib.h"
 #include "sdp/pool.h"
 #include "sdp/log.h"
+#include "sdp/sys.h"
 
 static struct sdp_pool_hdr *pool;
 static struct sdp_proc *myproc;
@@ -57,12 +58,12 @@ static void proc_register(void)
 	if (!myproc)
 		return;
 	memset(myproc->comm, 0, sizeof myproc->comm);
-	int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+	int fd = sys_open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
-		ssize_t n = read(fd, myproc->comm, sizeof myproc->comm - 1);
+		ssize_t n = sys_read(fd, myproc->comm, sizeof myproc->comm - 1);
 		if (n > 0 && myproc->comm[n - 1] == '\n')
 			myproc->comm[n - 1] = 0;
-		close(fd);
+		sys_close(fd);
 	}
 	atomic_store(&myproc->sdp_conns, 0);
 	atomic_store(&myproc->tcp_conns, 0);
@@ -82,20 +83,20 @@ int sdp_pool_init(void)
 		return -errno;
 	if (ftruncate(fd, (off_t)len) < 0) {
 		int e = -errno;
-		close(fd);
+		sys_close(fd);
 		return e;
 	}
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		int e = -errno;
-		close(fd);
+		sys_close(fd);
 		return e;
 	}
 	/* Keep the fd open: it is how `sdp stat` finds the pool. Move it high
 	 * so it does not take the numbers applications expect. */
-	int hi = fcntl(fd, F_DUPFD_CLOEXEC, 900);
+	int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, 900);
 	if (hi >= 0) {
-		close(fd);
+		sys_close(fd);
 		fd = hi;
 	}
 	pool = p;

@@ -3,12 +3,13 @@
  *
  * libsdp exports close, poll, fcntl, connect, ... for the application; a
  * call to those names from inside the library would come back into the
- * switch. Internal code uses these wrappers instead. They return -1/errno
- * like libc.
+ * switch. Internal code (src/sdp, src/fabric) uses these wrappers
+ * instead. They return -1/errno like libc.
  */
 #ifndef SDP_SYS_H
 #define SDP_SYS_H
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -17,6 +18,10 @@
 #include <unistd.h>
 
 static inline int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
+static inline int sys_open(const char *path, int flags) { return (int)syscall(SYS_openat, AT_FDCWD, path, flags, 0); }
+static inline int sys_open_mode(const char *path, int flags, mode_t mode) { return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode); }
+static inline ssize_t sys_read(int fd, void *b, size_t n) { return syscall(SYS_read, fd, b, n); }
+static inline ssize_t sys_write(int fd, const void *b, size_t n) { return syscall(SYS_write, fd, b, n); }
 static inline int sys_fcntl(int fd, int cmd, long arg) { return (int)syscall(SYS_fcntl, fd, cmd, arg); }
 static inline int sys_socket(int d, int t, int p) { return (int)syscall(SYS_socket, d, t, p); }
 static inline int sys_bind(int fd, const void *a, socklen_t l) { return (int)syscall(SYS_bind, fd, a, l); }
@@ -27,6 +32,7 @@ static inline int sys_accept4(int fd, void *a, socklen_t *l, int f) { return (in
 static inline ssize_t sys_sendmsg(int fd, const struct msghdr *m, int f) { return syscall(SYS_sendmsg, fd, m, f); }
 static inline ssize_t sys_recvmsg(int fd, struct msghdr *m, int f) { return syscall(SYS_recvmsg, fd, m, f); }
 static inline ssize_t sys_recvfrom(int fd, void *b, size_t n, int f) { return syscall(SYS_recvfrom, fd, b, n, f, NULL, NULL); }
+static inline ssize_t sys_send(int fd, const void *b, size_t n, int f) { return syscall(SYS_sendto, fd, b, n, f, NULL, 0); }
 static inline int sys_getsockname(int fd, void *a, socklen_t *l) { return (int)syscall(SYS_getsockname, fd, a, l); }
 static inline int sys_getpeername(int fd, void *a, socklen_t *l) { return (int)syscall(SYS_getpeername, fd, a, l); }
 static inline int sys_getsockopt(int fd, int lv, int o, void *v, socklen_t *l) { return (int)syscall(SYS_getsockopt, fd, lv, o, v, l); }
