@@ -34,13 +34,11 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from buildpaths import BUILD, LIBSDP, REPO, SDP_BIN
+
 TESTS = REPO / "tests"
 APPS = TESTS / "apps"
 HELPERS = APPS / "helpers"
-BUILD = Path(os.environ.get("SDP_BUILD_DIR", str(REPO / "build"))).resolve()
-SDP_BIN = BUILD / "bin" / "sdp"
-LIBSDP = BUILD / "lib" / "libsdp.so"
 
 INSTALL_HINT = "run `bash scripts/install-deps.sh`"
 

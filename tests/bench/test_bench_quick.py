@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from buildpaths import PERF_BIN, REPO
+
+REPO = str(REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
 from sdpbench import schema  # noqa: E402
@@ -20,9 +22,8 @@ SDP_CONFIGS = {"sdp-bcopy", "sdp-zcopy", "sdp-zcopy-all", "sdp-azcopy"}
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    perf = os.path.join(REPO, "build", "bin", "sdp-perf")
-    if not os.path.exists(perf):
-        pytest.skip("build/bin/sdp-perf not built")
+    if not PERF_BIN.exists():
+        pytest.skip(f"{PERF_BIN} not built")
     p = subprocess.run([sys.executable, os.path.join(REPO, "bench", "sdp_bench.py"), "--quick",
                         "--tiny", "--out", str(out), "--no-progress"],
                        capture_output=True, text=True, timeout=240)

@@ -14,12 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from buildpaths import LIBSDP, TESTS_C
+from buildpaths import SDP_BIN as SDP
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-BUILD = Path(os.environ.get("SDP_BUILD_DIR", ROOT / "build"))
-BIN_DIR = Path(os.environ.get("SDP_TESTS_C_DIR", BUILD / "tests" / "c"))
-LIBSDP = BUILD / "lib" / "libsdp.so"
-SDP = BUILD / "bin" / "sdp"
+BIN_DIR = Path(os.environ.get("SDP_TESTS_C_DIR", TESTS_C))
 SKIP = 77
 TIMEOUT = 60  # the programs' own watchdogs fire well before this
 

@@ -16,11 +16,8 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent.parent
-BUILD = Path(os.environ.get("SDP_BUILD_DIR", ROOT / "build"))
-BIN_DIR = BUILD / "tests" / "c"
-SDP = BUILD / "bin" / "sdp"
+from buildpaths import SDP_BIN as SDP
+from buildpaths import TESTS_C as BIN_DIR
 
 
 def _env(tmp_path, **extra):

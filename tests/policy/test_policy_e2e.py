@@ -7,9 +7,9 @@ import textwrap
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BUILD = os.environ.get("SDP_BUILD_DIR", os.path.join(ROOT, "build"))
-SDP = os.path.join(BUILD, "bin", "sdp")
+from buildpaths import SDP_BIN
+
+SDP = str(SDP_BIN)
 
 # One process: a listener and a client connected to it; prints the
 # transport (1 SDP, 0 TCP) seen by the client and the accepted socket.

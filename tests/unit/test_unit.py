@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-BUILD = Path(os.environ.get("SDP_BUILD_DIR", ROOT / "build"))
-UNIT = BUILD / "tests" / "unit"
+from buildpaths import TESTS_UNIT as UNIT
 SKIP = 77
 
 
