@@ -23,6 +23,7 @@
 
 #include "sdp.h"
 #include "fabric/fabric.h"
+#include "sdp/tunables.h"
 
 enum sdp_state {
 	SDP_ST_FREE = 0,
@@ -285,23 +286,9 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 				   struct sdp_connect_state *cs);
 void sdp_connect_done(struct sdp_conn *c, int fd, int err);
 
-/* ---- tunables (switch/config.c) ------------------------------------------- */
-struct sdp_tunables {
-	uint32_t spin_us;
-	uint32_t zcopy_thresh;
-	uint32_t zcopy_chunk;          /* bytes per SrcAvail in Pipelined mode */
-	uint32_t zcopy_depth;          /* SrcAvails outstanding (1 = Combined) */
-	uint32_t zcopy_tail;           /* bytes of a large send sent by BCopy */
-	uint32_t zcopy_auto;           /* 1: zcopy_thresh still to be measured */
-	uint32_t copy_auto;            /* 1: the copy routine still to be chosen */
-	uint32_t calib_pending;        /* zcopy_auto || copy_auto, until resolved */
-	uint32_t cma_alias;            /* 1: bounce CMA between page-aliased buffers */
-	uint32_t nslots;
-	uint32_t slot_size;
-};
-extern struct sdp_tunables sdp_tun;
-
-uint64_t sdp_now_ns(void);
-extern pid_t sdp_pid;                 /* getpid(), kept by config.c */
+/* ---- pool.c: the process ------------------------------------------------- */
+uint64_t sdp_now_ns(void);            /* CLOCK_MONOTONIC, ns */
+extern pid_t sdp_pid;                 /* getpid(), kept current by the switch
+				       * (start-up, fork) */
 
 #endif

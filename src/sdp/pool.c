@@ -20,6 +20,7 @@
 #include "sdp/log.h"
 #include "sdp/sys.h"
 
+pid_t sdp_pid;
 static struct sdp_pool_hdr *pool;
 static struct sdp_proc *myproc;
 

@@ -1,25 +1,12 @@
 /*
  * config.c - start-up of the switch: resolve the real libc entry points,
- * read tunables from the environment and the policy file, create the
- * connection pool, and answer "SDP or TCP?" for a socket.
+ * read the policy file and the tunables, create the connection pool, and
+ * answer "SDP or TCP?" for a socket.
  *
  * Policy file: --policy FILE (sdp run sets SDP_CONFIG), else $SDP_CONFIG,
  * else /etc/sdp.conf. With none, every connection uses SDP when the peer
- * supports it. Tunables: environment first, then `set` lines of the policy.
- *   SDP_SPIN_US       busy-poll before blocking (default 40)
- *   SDP_ZCOPY_THRESH  zero-copy threshold in bytes, 0 = off, or auto
- *                     (default: measured once per host, calib.c)
- *   SDP_ZCOPY_CHUNK   bytes per SrcAvail in Pipelined mode (1 MiB)
- *   SDP_ZCOPY_DEPTH   SrcAvails outstanding (4; 1 = Combined mode)
- *   SDP_ZCOPY_TAIL    end of a large send sent by Buffer Copy, when
- *                     spinning is off (256 KiB)
- *   SDP_NSLOTS        receive buffers per direction (default 64)
- *   SDP_SLOT_SIZE     bytes per receive buffer (default 32768)
- *   SDP_REGION_CACHE  connection regions kept for reuse per process (8; 0 = none)
- *   SDP_CALIB_FILE    where the measured threshold is cached
- *   SDP_LOG           0..3
- *   SDP_STATS_DIR     write per-process totals there at exit
- *   SDP_POLICY_REPORTED  set by `sdp run`: bad policy lines already shown
+ * supports it. Tunables: the engine's table (sdp/tunables.c), resolved
+ * from the environment first, then the `set` lines of the policy.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -41,15 +28,6 @@ REAL_FUNCS(X)
 
 int sdp_inited;
 const char *sdp_prog = "";
-struct sdp_tunables sdp_tun = {
-	.spin_us = 40,
-	.zcopy_thresh = 0,
-	.zcopy_chunk = 1u << 20,
-	.zcopy_depth = 4,
-	.zcopy_tail = 256u << 10,
-	.nslots = 64,
-	.slot_size = 32768,
-};
 
 static struct sdp_policy *policy;
 static bool have_policy;
@@ -65,29 +43,24 @@ static void policy_err(const char *msg, void *arg)
 	(void)w;
 }
 
-static uint32_t tun_get(const char *env, const char *set, uint32_t def,
-			uint32_t lo, uint32_t hi)
+/* A tunable's `set` line in the policy, for sdp_tunables_load. */
+static const char *policy_set(const char *name, void *arg)
 {
-	const char *v = getenv(env);
-	if ((!v || !*v) && policy)
-		sdp_policy_setting(policy, set, &v);
-	if (!v || !*v)
-		return def;
-	char *end;
-	unsigned long x = strtoul(v, &end, 0);
-	if (*end || x < lo || x > hi) {
-		sdp_logf("ignoring %s=%s (want %u..%u)", env, v, lo, hi);
-		return def;
-	}
-	return (uint32_t)x;
+	const char *v = NULL;
+	sdp_policy_setting(arg, name, &v);
+	return v;
+}
+
+static void tun_report(const char *msg, void *arg)
+{
+	(void)arg;
+	sdp_logf("%s", msg);
 }
 
 static void at_exit(void)
 {
 	sdp_proc_write_stats(getenv("SDP_STATS_DIR"));
 }
-
-pid_t sdp_pid;
 
 static void atfork_child(void)
 {
@@ -104,8 +77,6 @@ static void do_init(void)
 	 * is read with read()) pass straight through. */
 	sdp_pid = getpid();
 	sdp_inited = 1;
-	const char *l = getenv("SDP_LOG");
-	sdp_log_level = l ? atoi(l) : 0;
 	extern char *program_invocation_short_name;
 	sdp_prog = program_invocation_short_name ? program_invocation_short_name : "";
 
@@ -125,42 +96,9 @@ static void do_init(void)
 			sdp_logf("cannot read policy %s: %s; using TCP", path, strerror(-err));
 		have_policy = true;        /* a named but unreadable policy: TCP */
 	}
-	sdp_tun.spin_us = tun_get("SDP_SPIN_US", "spin_us", sdp_tun.spin_us, 0, 1000000);
-	/* Zero-copy threshold: bytes, 0 = off, or "auto" (the default):
-	 * the crossover measured on this host (calib.c). */
-	const char *zt = getenv("SDP_ZCOPY_THRESH");
-	if ((!zt || !*zt) && policy)
-		sdp_policy_setting(policy, "zcopy_thresh", &zt);
-	if (!zt || !*zt || !strcmp(zt, "auto"))
-		sdp_tun.zcopy_auto = 1;       /* measured at the first connection */
-	else
-		sdp_tun.zcopy_thresh = tun_get("SDP_ZCOPY_THRESH", "zcopy_thresh",
-					       0, 0, UINT32_MAX);
-	/* Copy routine for stream bytes: a name of copy.c, or "auto" (the
-	 * default): the fastest measured on this host (calib.c). */
-	const char *cp = getenv("SDP_COPY");
-	if ((!cp || !*cp) && policy)
-		sdp_policy_setting(policy, "copy", &cp);
-	if (!cp || !*cp || !strcmp(cp, "auto"))
-		sdp_tun.copy_auto = 1;        /* chosen at the first connection */
-	else if (!sdp_copy_use(cp)) {
-		sdp_logf("SDP_COPY=%s: unknown or not supported by this CPU; "
-			 "choosing automatically", cp);
-		sdp_tun.copy_auto = 1;
-	}
-	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;
-	sdp_tun.zcopy_chunk = tun_get("SDP_ZCOPY_CHUNK", "zcopy_chunk",
-				      sdp_tun.zcopy_chunk, 4096, 1u << 30);
-	sdp_tun.zcopy_depth = tun_get("SDP_ZCOPY_DEPTH", "zcopy_depth",
-				      sdp_tun.zcopy_depth, 1, 64);
-	sdp_tun.zcopy_tail = tun_get("SDP_ZCOPY_TAIL", "zcopy_tail",
-				     sdp_tun.zcopy_tail, 0, 1u << 30);
-	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
-	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
-				    1024, 1u << 22) & ~63u;
-	struct fab_params fp = {
-		.region_cache = tun_get("SDP_REGION_CACHE", "region_cache", 8, 0, 64),
-	};
+	sdp_tunables_load(policy ? policy_set : NULL, policy, tun_report, NULL, NULL);
+	sdp_log_level = (int)sdp_tun.log_level;
+	struct fab_params fp = { .region_cache = sdp_tun.region_cache };
 	fab_init(&fp);
 	int r = sdp_pool_init();
 	if (r < 0)

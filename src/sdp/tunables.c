@@ -1,0 +1,205 @@
+/*
+ * tunables.c - the library's one table of tunables (tunables.h) and how
+ * their values are found: the environment first, then the policy file's
+ * `set` lines, else the default. Also linked into the `sdp` tool, which
+ * prints the table (`sdp check --tunables`); it uses nothing of the library
+ * but copy.c (the copy routine's names).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "sdp/copy.h"
+#include "sdp/tunables.h"
+
+struct sdp_tunables sdp_tun = {
+	.spin_us = 40,
+	.zcopy_chunk = 1u << 20,
+	.zcopy_depth = 4,
+	.zcopy_tail = 256u << 10,
+	.nslots = 64,
+	.slot_size = 32768,
+	.region_cache = 8,
+};
+
+/* The copy routine: one copy.c knows and this CPU runs (it is then used). */
+static bool copy_check(const char *name)
+{
+	return sdp_copy_use(name);
+}
+
+const struct sdp_tunable sdp_tunables[] = {
+	{ .env = "SDP_SPIN_US", .set = "spin_us", .kind = SDP_TK_NUM, .def = "40",
+	  .lo = 0, .hi = 1000000, .unit = "us", .var = &sdp_tun.spin_us,
+	  .help = "busy-poll before sleeping (per socket: the SDP_SPIN_US option)" },
+	{ .env = "SDP_ZCOPY_THRESH", .set = "zcopy_thresh", .kind = SDP_TK_NUM_AUTO,
+	  .def = "auto", .lo = 0, .hi = UINT32_MAX, .unit = "bytes",
+	  .var = &sdp_tun.zcopy_thresh, .is_auto = &sdp_tun.zcopy_auto,
+	  .help = "zero-copy threshold, 0 = Buffer Copy only, auto = measured once "
+		  "per host (per socket: the SDP_ZCOPY_THRESH option)" },
+	{ .env = "SDP_COPY", .set = "copy", .kind = SDP_TK_NAME, .def = "auto",
+	  .unit = "name", .choices = "libc, avx2, avx512, sse2, movsb",
+	  .is_auto = &sdp_tun.copy_auto, .check = copy_check,
+	  .help = "routine that copies stream bytes, auto = the fastest measured "
+		  "on this host" },
+	{ .env = "SDP_ZCOPY_CHUNK", .set = "zcopy_chunk", .kind = SDP_TK_NUM,
+	  .def = "1048576", .lo = 4096, .hi = 1u << 30, .unit = "bytes",
+	  .var = &sdp_tun.zcopy_chunk,
+	  .help = "bytes per SrcAvail in Pipelined mode" },
+	{ .env = "SDP_ZCOPY_DEPTH", .set = "zcopy_depth", .kind = SDP_TK_NUM,
+	  .def = "4", .lo = 1, .hi = 64, .unit = "advertisements",
+	  .var = &sdp_tun.zcopy_depth,
+	  .help = "SrcAvails outstanding (1 = Combined mode)" },
+	{ .env = "SDP_ZCOPY_TAIL", .set = "zcopy_tail", .kind = SDP_TK_NUM,
+	  .def = "262144", .lo = 0, .hi = 1u << 30, .unit = "bytes",
+	  .var = &sdp_tun.zcopy_tail,
+	  .help = "with spinning off: at most this many bytes at the end of a "
+		  "zero-copy send go by Buffer Copy" },
+	{ .env = "SDP_NSLOTS", .set = "nslots", .kind = SDP_TK_NUM, .def = "64",
+	  .lo = 2, .hi = 4096, .unit = "buffers", .var = &sdp_tun.nslots,
+	  .help = "receive buffers per direction (the connecting side's value is "
+		  "used)" },
+	{ .env = "SDP_SLOT_SIZE", .set = "slot_size", .kind = SDP_TK_NUM,
+	  .def = "32768", .lo = 1024, .hi = 4u << 20, .align = 64, .unit = "bytes",
+	  .var = &sdp_tun.slot_size,
+	  .help = "bytes per receive buffer, rounded down to a multiple of 64 (the "
+		  "connecting side's value is used)" },
+	{ .env = "SDP_REGION_CACHE", .set = "region_cache", .kind = SDP_TK_NUM,
+	  .def = "8", .lo = 0, .hi = 64, .unit = "regions",
+	  .var = &sdp_tun.region_cache,
+	  .help = "connection regions reused per peer process (0 = a region per "
+		  "connection)" },
+	{ .env = "SDP_LOG", .kind = SDP_TK_LEVEL, .def = "0", .lo = 0, .hi = 3,
+	  .unit = "level", .var = &sdp_tun.log_level,
+	  .help = "diagnostics on stderr (above 3: as 3)" },
+	{ .env = "SDP_STATS_DIR", .kind = SDP_TK_TEXT, .def = "", .unit = "directory",
+	  .help = "at exit, write COMM.PID.json with the process's totals there" },
+	{ .env = "SDP_CONFIG", .kind = SDP_TK_TEXT, .def = "/etc/sdp.conf",
+	  .unit = "path", .help = "the policy file (sdp run --policy sets it)" },
+	{ .env = "SDP_CALIB_FILE", .kind = SDP_TK_TEXT,
+	  .def = "$XDG_CACHE_HOME/sdp-calib, ~/.cache/sdp-calib or /tmp/sdp-calib.UID",
+	  .unit = "path",
+	  .help = "cache of the per-host measurements (copy routine, zero-copy "
+		  "threshold, page-aliased zero copy)" },
+	{ .env = "SDP_POLICY_REPORTED", .kind = SDP_TK_TEXT, .def = "", .unit = "flag",
+	  .help = "1: do not report policy problems (sdp run sets it after "
+		  "reporting them once)" },
+};
+const size_t sdp_ntunables = sizeof sdp_tunables / sizeof sdp_tunables[0];
+
+const char *sdp_tun_src_name(enum sdp_tun_src src)
+{
+	return src == SDP_TS_ENV ? "environment" : src == SDP_TS_POLICY ? "policy" :
+	       "default";
+}
+
+const char *sdp_tun_range(const struct sdp_tunable *t, char *buf, size_t n)
+{
+	switch (t->kind) {
+	case SDP_TK_NUM:
+	case SDP_TK_LEVEL:
+		snprintf(buf, n, "%u - %u", t->lo, t->hi);
+		break;
+	case SDP_TK_NUM_AUTO:
+		snprintf(buf, n, "auto, or %u - %u", t->lo, t->hi);
+		break;
+	case SDP_TK_NAME:
+		snprintf(buf, n, "auto, %s", t->choices);
+		break;
+	case SDP_TK_TEXT:
+		snprintf(buf, n, "%s", t->unit);
+		break;
+	}
+	return buf;
+}
+
+/* A number in [lo, hi] (decimal, 0x hex or 0 octal), or false. */
+static bool parse_num(const char *v, uint32_t lo, uint32_t hi, uint32_t *out)
+{
+	char *end;
+	errno = 0;
+	unsigned long long x = strtoull(v, &end, 0);
+	if (errno || end == v || *end || *v == '-' || x < lo || x > hi)
+		return false;
+	*out = (uint32_t)x;
+	return true;
+}
+
+/* Apply text v to t: false if it is not a value of t. */
+static bool apply(const struct sdp_tunable *t, const char *v)
+{
+	uint32_t x;
+	switch (t->kind) {
+	case SDP_TK_NUM:
+		if (!parse_num(v, t->lo, t->hi, &x))
+			return false;
+		*t->var = t->align ? x - x % t->align : x;
+		return true;
+	case SDP_TK_NUM_AUTO:
+		if (!strcmp(v, "auto")) {
+			*t->is_auto = 1;
+			return true;
+		}
+		if (!parse_num(v, t->lo, t->hi, &x))
+			return false;
+		*t->var = x;
+		*t->is_auto = 0;
+		return true;
+	case SDP_TK_NAME:
+		if (!strcmp(v, "auto")) {
+			*t->is_auto = 1;
+			return true;
+		}
+		if (!t->check(v))
+			return false;
+		*t->is_auto = 0;
+		return true;
+	case SDP_TK_LEVEL:
+		if (!parse_num(v, t->lo, UINT32_MAX, &x))
+			return false;
+		*t->var = x > t->hi ? t->hi : x;
+		return true;
+	case SDP_TK_TEXT:
+		return true;
+	}
+	return false;
+}
+
+void sdp_tunables_load(sdp_tun_lookup lookup, void *arg, sdp_tun_report report,
+		       void *report_arg, struct sdp_tun_value *vals)
+{
+	for (size_t i = 0; i < sdp_ntunables; i++) {
+		const struct sdp_tunable *t = &sdp_tunables[i];
+		struct sdp_tun_value tv = { .text = t->def, .src = SDP_TS_DEFAULT };
+		const char *v = getenv(t->env);
+		enum sdp_tun_src src = SDP_TS_ENV;
+		if ((!v || !*v) && t->set && lookup) {
+			v = lookup(t->set, arg);
+			src = SDP_TS_POLICY;
+		}
+		apply(t, t->def);
+		if (v && *v) {
+			if (apply(t, v)) {
+				tv.text = v;
+				tv.src = src;
+			} else {
+				tv.given = v;
+				apply(t, t->def);
+				if (report) {
+					char msg[400], want[200];
+					if (src == SDP_TS_ENV)
+						snprintf(msg, sizeof msg, "ignoring %s=%s (want %s)",
+							 t->env, v, sdp_tun_range(t, want, sizeof want));
+					else
+						snprintf(msg, sizeof msg, "ignoring set %s %s (want %s)",
+							 t->set, v, sdp_tun_range(t, want, sizeof want));
+					report(msg, report_arg);
+				}
+			}
+		}
+		if (vals)
+			vals[i] = tv;
+	}
+	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;
+}
