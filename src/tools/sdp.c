@@ -3,7 +3,8 @@
  *
  *   sdp run [--policy FILE] -- CMD ARGS...   run CMD with libsdp preloaded
  *   sdp stat [--json] [--procs]              live SDP connections / processes
- *   sdp check [--json]                       what this host allows
+ *   sdp check [--json] [--tunables]          what this host allows, the
+ *                                            tunables in effect
  *   sdp bench ARGS...                        the benchmark suite (bench/)
  */
 #include <arpa/inet.h>
@@ -26,6 +27,7 @@
 
 #include "sdp/pool.h"
 #include "sdp/calib.h"
+#include "sdp/tunables.h"
 #include "switch/policy.h"
 
 static void usage(void)
@@ -33,7 +35,7 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: sdp run [--policy FILE] -- CMD [ARGS...]\n"
 		"       sdp stat [--json] [--procs]\n"
-		"       sdp check [--json] [--recalibrate]\n"
+		"       sdp check [--json] [--recalibrate] [--tunables]\n"
 		"       sdp bench [--quick] [--out DIR] [--only EXP,...] [--pin]\n");
 	exit(2);
 }
@@ -494,19 +496,116 @@ static void host_report(bool json, bool force)
 	printf("%-20s %s\n", "calibration_cache", cal.path);
 }
 
+/* A JSON string: quotes, backslashes and control characters escaped. */
+static void json_str(const char *s)
+{
+	putchar('"');
+	for (; s && *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+		if (ch == '"' || ch == '\\')
+			printf("\\%c", ch);
+		else if (ch < 0x20)
+			printf("\\u%04x", ch);
+		else
+			putchar(ch);
+	}
+	putchar('"');
+}
+
+static const char *tun_policy_set(const char *name, void *arg)
+{
+	const char *v = NULL;
+	sdp_policy_setting(arg, name, &v);
+	return v;
+}
+
+static void tun_report_quiet(const char *msg, void *arg)
+{
+	(void)msg;
+	(void)arg;
+}
+
+/* The library's tunables (sdp/tunables.c) as it would resolve them in
+ * this environment: the value in effect and where it came from. */
+static void tunables_report(bool json)
+{
+	const char *path = getenv("SDP_CONFIG");
+	if (!path || !*path)
+		path = "/etc/sdp.conf";
+	int err = 0;
+	struct sdp_policy *p = sdp_policy_load(path, NULL, NULL, &err);
+	struct sdp_tun_value v[sdp_ntunables];
+	sdp_tunables_load(p ? tun_policy_set : NULL, p, tun_report_quiet, NULL, v);
+	char range[200];
+	if (json) {
+		printf("\"tunables\": [");
+		for (size_t i = 0; i < sdp_ntunables; i++) {
+			const struct sdp_tunable *t = &sdp_tunables[i];
+			printf("%s{\"env\": ", i ? ", " : "");
+			json_str(t->env);
+			printf(", \"set\": ");
+			if (t->set)
+				json_str(t->set);
+			else
+				printf("null");
+			printf(", \"value\": ");
+			json_str(v[i].text);
+			printf(", \"source\": \"%s\", \"default\": ", sdp_tun_src_name(v[i].src));
+			json_str(t->def);
+			printf(", \"range\": ");
+			json_str(sdp_tun_range(t, range, sizeof range));
+			printf(", \"unit\": ");
+			json_str(t->unit);
+			if (v[i].given) {
+				printf(", \"rejected\": ");
+				json_str(v[i].given);
+			}
+			printf(", \"help\": ");
+			json_str(t->help);
+			printf("}");
+		}
+		printf("]");
+	} else {
+		printf("%-20s %-13s %-14s %s\n", "TUNABLE", "SET NAME", "SOURCE", "VALUE");
+		for (size_t i = 0; i < sdp_ntunables; i++) {
+			const struct sdp_tunable *t = &sdp_tunables[i];
+			printf("%-20s %-13s %-14s %s%s%s%s\n", t->env, t->set ? t->set : "-",
+			       sdp_tun_src_name(v[i].src), v[i].text[0] ? v[i].text : "(unset)",
+			       v[i].given ? " (ignored: " : "", v[i].given ? v[i].given : "",
+			       v[i].given ? ")" : "");
+			bool num = t->kind != SDP_TK_TEXT && t->kind != SDP_TK_NAME;
+			printf("    %s; %s %s%s%s, default %s\n", t->help,
+			       t->kind == SDP_TK_TEXT ? "a" : "range",
+			       sdp_tun_range(t, range, sizeof range), num ? " " : "",
+			       num ? t->unit : "", t->def[0] ? t->def : "unset");
+		}
+	}
+	if (p)
+		sdp_policy_free(p);
+}
+
 static int cmd_check(int argc, char **argv)
 {
-	bool json = false, recal = false;
+	bool json = false, recal = false, tunables = false;
 	for (int i = 0; i < argc; i++) {
 		if (!strcmp(argv[i], "--json"))
 			json = true;
 		else if (!strcmp(argv[i], "--recalibrate"))
 			recal = true;
+		else if (!strcmp(argv[i], "--tunables"))
+			tunables = true;
 		else {
 			fprintf(stderr, "sdp check: unknown option '%s'\n", argv[i]);
 			usage();
 			return 2;
 		}
+	}
+	if (tunables) {
+		if (json)
+			printf("{");
+		tunables_report(json);
+		printf(json ? "}\n" : "");
+		return 0;
 	}
 	struct check ck[8];
 	int n = 0;
@@ -583,7 +682,8 @@ static int cmd_check(int argc, char **argv)
 	if (json) {
 		printf("{\"features\": [\"bcopy\"%s], ", cma ? ", \"zcopy\"" : "");
 		host_report(true, recal);
-		printf("\"checks\": {");
+		tunables_report(true);
+		printf(", \"checks\": {");
 		for (int i = 0; i < n; i++)
 			printf("%s\"%s\": {\"ok\": %s, \"why\": \"%s\"}", i ? ", " : "",
 			       ck[i].name, ck[i].ok ? "true" : "false", ck[i].why);
