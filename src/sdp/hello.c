@@ -460,9 +460,9 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
 		return NULL;
 	/* Only a client some provider reaches over the rendezvous can have
-	 * said hello (a remote one cannot). */
+	 * said hello (a remote one cannot); the policy may allow only one. */
 	const struct fab_ops *may = fab_choose(&pa.sa, pl, l->pref);
-	if (!may)
+	if (!may && (l->pref == FAB_PREF_ANY || !fab_choose(&pa.sa, pl, FAB_PREF_ANY)))
 		return NULL;
 
 	/* A hello left over from an earlier connection of the same 4-tuple
@@ -545,8 +545,12 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		return NULL;
 	/* The provider that reaches dst (shm: an address of this host). */
 	const struct fab_ops *ops = fab_choose(dst, len, pref);
-	if (!ops)
+	if (!ops) {
+		if (pref != FAB_PREF_ANY)
+			sdp_log(2, "connect fd %d: TCP (the policy's fabric %s does not "
+				"reach the destination)", fd, fab_pref_name(pref));
 		return NULL;
+	}
 	uid_t uid = geteuid();
 
 	/* Which rendezvous serves dst? exact, family wildcard, v6 wildcard. */

@@ -133,11 +133,14 @@ __attribute__((constructor)) static void sdp_ctor(void)
 	sdp_init();
 }
 
-enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l)
+enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l,
+			enum fab_pref *fabric)
 {
+	*fabric = FAB_PREF_ANY;
 	if (!have_policy)
 		return SDP_USE_BOTH;
 	if (!policy)
 		return SDP_USE_TCP;
-	return sdp_policy_match(policy, role, sdp_prog, a, l);
+	enum sdp_use u = sdp_policy_match_fabric(policy, role, sdp_prog, a, l, fabric);
+	return *fabric == FAB_PREF_TCP ? SDP_USE_TCP : u;
 }

@@ -30,6 +30,7 @@ enum glob_kind { GLOB_ANY, GLOB_LITERAL, GLOB_PATTERN };
 struct rule {
 	char *glob;
 	uint8_t use;            /* enum sdp_use */
+	uint8_t fabric;         /* enum fab_pref: the provider it forces */
 	uint8_t roles;          /* mask of enum sdp_role */
 	uint8_t fam;            /* enum fam */
 	uint8_t prefix;         /* significant bits of addr */
@@ -215,9 +216,15 @@ static int parse_use(struct sdp_policy *p, char **f, int n,
 	struct rule r;
 	int ret;
 
-	if (n != 5)
-		return WHY("'use' expects 4 fields, got %d", n - 1);
+	if (n != 5 && n != 6)
+		return WHY("'use' expects 4 or 5 fields, got %d", n - 1);
 	memset(&r, 0, sizeof(r));
+
+	/* An optional fifth field forces a provider (fabric/fabric.h). */
+	enum fab_pref fab = FAB_PREF_ANY;
+	if (n == 6 && fab_pref_parse(f[5], &fab) < 0)
+		return WHY("unknown fabric '%.*s%s' (shm, ofi or tcp)", SHOW(f[5]));
+	r.fabric = (uint8_t)fab;
 
 	if (strcmp(f[1], "sdp") == 0)
 		r.use = SDP_USE_SDP;
@@ -439,9 +446,18 @@ enum sdp_use sdp_policy_match(const struct sdp_policy *p, enum sdp_role role,
 			      const char *prog, const struct sockaddr *addr,
 			      socklen_t addrlen)
 {
+	return sdp_policy_match_fabric(p, role, prog, addr, addrlen, NULL);
+}
+
+enum sdp_use sdp_policy_match_fabric(const struct sdp_policy *p, enum sdp_role role,
+				     const char *prog, const struct sockaddr *addr,
+				     socklen_t addrlen, enum fab_pref *fabric)
+{
 	const uint8_t *a4 = NULL, *a6 = NULL;
 	unsigned port;
 
+	if (fabric)
+		*fabric = FAB_PREF_ANY;
 	if (!p || !addr || addrlen < sizeof(sa_family_t))
 		return SDP_USE_TCP;
 	if (addr->sa_family == AF_INET && addrlen >= sizeof(struct sockaddr_in)) {
@@ -477,6 +493,8 @@ enum sdp_use sdp_policy_match(const struct sdp_policy *p, enum sdp_role role,
 			continue;
 		if (r->glob_kind == GLOB_PATTERN && fnmatch(r->glob, prog, 0) != 0)
 			continue;
+		if (fabric)
+			*fabric = (enum fab_pref)r->fabric;
 		return (enum sdp_use)r->use;
 	}
 	return SDP_USE_TCP;

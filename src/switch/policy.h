@@ -3,8 +3,10 @@
  *
  * File format (modelled on libsdp.conf), one rule per line, '#' comments:
  *
- *   use sdp|tcp|both  server|client|*  PROGRAM-GLOB  ADDR[/PREFIX]|*:PORT[-PORT]|*
+ *   use sdp|tcp|both  server|client|*  PROGRAM-GLOB  ADDR[/PREFIX]|*:PORT[-PORT]|*  [FABRIC]
  *
+ * FABRIC (optional) forces the provider that carries the connection: shm,
+ * ofi, or tcp (plain TCP); by default whichever provider reaches the peer.
  * IPv6 addresses are written in brackets: [::1]:80, [fe80::/10]:1000-2000.
  * First matching rule wins. A server rule matches the address the socket
  * listens on; a client rule matches the address it connects to.
@@ -19,6 +21,7 @@
 #include <sys/socket.h>
 #include <stdint.h>
 
+#include "fabric/fabric.h"
 #include "sdp/conn.h"
 
 enum sdp_use {
@@ -51,6 +54,12 @@ struct sdp_policy *sdp_policy_load(const char *path, sdp_policy_err_fn err,
 enum sdp_use sdp_policy_match(const struct sdp_policy *p, enum sdp_role role,
 			      const char *prog, const struct sockaddr *addr,
 			      socklen_t addrlen);
+
+/* The same, and the matching rule's FABRIC in *fabric (FAB_PREF_ANY when
+ * it names none, or when no rule matches). */
+enum sdp_use sdp_policy_match_fabric(const struct sdp_policy *p, enum sdp_role role,
+				     const char *prog, const struct sockaddr *addr,
+				     socklen_t addrlen, enum fab_pref *fabric);
 
 /* A "set NAME VALUE" tunable: returns 0 and stores it, or -ENOENT. */
 int sdp_policy_setting(const struct sdp_policy *p, const char *name,

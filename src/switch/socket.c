@@ -115,9 +115,10 @@ EXPORT int listen(int fd, int backlog)
 	union sdp_addr a;
 	socklen_t len = sizeof a;
 	struct sdp_listener *l = NULL;
+	enum fab_pref fab;
 	if (sys_getsockname(fd, &a, &len) == 0 &&
-	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP) {
-		int e = sdp_listener_open(fd, FAB_PREF_ANY, &l);
+	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len, &fab) != SDP_USE_TCP) {
+		int e = sdp_listener_open(fd, fab, &l);
 		if (e < 0)
 			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
 	}
@@ -135,8 +136,9 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return real_connect(fd, addr, len);
 	struct sdp_conn *c = NULL;
 	struct sdp_connect_state cs = { 0 };
-	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
-		c = sdp_hello_connect(fd, addr, len, FAB_PREF_ANY, &cs);
+	enum fab_pref fab;
+	if (sdp_decide(SDP_ROLE_CLIENT, addr, len, &fab) != SDP_USE_TCP)
+		c = sdp_hello_connect(fd, addr, len, fab, &cs);
 	int r, e;
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a

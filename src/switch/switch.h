@@ -97,7 +97,10 @@ extern int sdp_inited;
  * descriptors: there the switch only passes calls through. */
 extern pid_t sdp_pid;
 static inline bool sdp_in_vfork_child(void) { return getpid() != sdp_pid; }
-enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l);
+/* SDP or TCP for this socket, and the provider the policy forces
+ * (*fabric, FAB_PREF_ANY: whichever reaches the peer). */
+enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l,
+			enum fab_pref *fabric);
 extern const char *sdp_prog;
 
 /* The next definition of each interposed function (libc), resolved in

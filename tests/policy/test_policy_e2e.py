@@ -95,3 +95,55 @@ def test_client_rule_without_server_rule_stays_tcp(tmp_path):
 def test_port_range_selects(tmp_path):
     port_rule = "use sdp * * 127.0.0.1:1-1023\n"     # our port is above 1023
     assert run_pair(tmp_path, port_rule)[:2] == (0, 0)
+
+
+@pytest.mark.parametrize("fabric, want", [("shm", (1, 1)), ("any", (1, 1)),
+                                          ("tcp", (0, 0)), ("ofi", (0, 0))])
+def test_rule_forces_a_fabric(tmp_path, fabric, want):
+    # shm reaches 127.0.0.1; no ofi provider is built, so forcing it is TCP
+    assert run_pair(tmp_path, f"use sdp * * *:* {fabric}\n")[:2] == want
+
+
+def test_unknown_fabric_is_a_bad_line(tmp_path):
+    client, server, err, pol = run_pair(tmp_path, "use sdp * * *:* rdma\n")
+    assert (client, server) == (0, 0)
+    assert f"{pol}:1: unknown fabric 'rdma'" in err, err
+
+
+# The client's rule says shm, the listener's allows only ofi: the client is
+# committed to SDP once its hello is queued, so the listener resets that
+# connection (and accept() never returns it) rather than keep it TCP on
+# its side only, which would leave both ends waiting for each other.
+MISMATCH = textwrap.dedent("""
+    import errno, select, socket, sys
+    port = int(sys.argv[1])
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", port)); l.listen(); l.setblocking(False)
+    c = socket.create_connection(("127.0.0.1", port))
+    assert c.getsockopt(socket.SOL_TCP, 0x5D00) == 1      # the client: SDP
+    select.select([l], [], [], 5)
+    try:
+        l.accept()
+        print("accepted")
+    except BlockingIOError:
+        print("refused")
+    c.settimeout(10)
+    try:
+        print("eof" if c.recv(1) == b"" else "data")
+    except ConnectionResetError:
+        print("reset")
+""")
+
+
+def test_fabric_mismatch_resets_the_client(tmp_path):
+    pol = tmp_path / "sdp.conf"
+    pol.write_text("use sdp server * *:* ofi\nuse sdp client * *:* shm\n")
+    script = tmp_path / "mismatch.py"
+    script.write_text(MISMATCH)
+    env = dict(os.environ)
+    env.pop("SDP_CONFIG", None)
+    r = subprocess.run([SDP, "run", "--policy", str(pol), "--", sys.executable,
+                        str(script), str(free_port())], capture_output=True,
+                       text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["refused", "reset"], (r.stdout, r.stderr)

@@ -449,7 +449,7 @@ static void test_no_trailing_newline(void)
 	struct errs e = { 0 };
 	p = sdp_policy_parse("use sdp * a *\nuse sdp", "t.conf", collect, &e);
 	CHECK_INT(e.n, 1);
-	CHECK_STR(e.msg[0], "t.conf:2: 'use' expects 4 fields, got 1");
+	CHECK_STR(e.msg[0], "t.conf:2: 'use' expects 4 or 5 fields, got 1");
 	sdp_policy_free(p);
 }
 
@@ -523,10 +523,11 @@ struct bad_case {
 static const struct bad_case bad_cases[] = {
 	{ "bogus sdp * * *",                 "unknown keyword 'bogus' (use or set)" },
 	{ "USE sdp * * *",                   "unknown keyword 'USE' (use or set)" },
-	{ "use sdp * *",                     "'use' expects 4 fields, got 3" },
-	{ "use",                             "'use' expects 4 fields, got 0" },
-	{ "use sdp * * * extra",             "'use' expects 4 fields, got 5" },
-	{ "use a b c d e f g h i j k",       "'use' expects 4 fields, got 11" },
+	{ "use sdp * *",                     "'use' expects 4 or 5 fields, got 3" },
+	{ "use",                             "'use' expects 4 or 5 fields, got 0" },
+	{ "use sdp * * * extra",             "unknown fabric 'extra' (shm, ofi or tcp)" },
+	{ "use sdp * * * shm extra",         "'use' expects 4 or 5 fields, got 6" },
+	{ "use a b c d e f g h i j k",       "'use' expects 4 or 5 fields, got 11" },
 	{ "use fast * * *",                  "bad use 'fast' (sdp, tcp or both)" },
 	{ "use SDP * * *",                   "bad use 'SDP' (sdp, tcp or both)" },
 	{ "use sdp both * *",                "bad role 'both' (server, client or *)" },
@@ -559,7 +560,7 @@ static const struct bad_case bad_cases[] = {
 	{ "use sdp * * 10.0.0.1:",           "bad port ''" },
 	{ "use sdp * * 10.0.0.1:http",       "bad port 'http'" },
 	{ "use sdp * * 10.0.0.1:+80",        "bad port '+80'" },
-	{ "use sdp * * 10.0.0.1: 80",        "'use' expects 4 fields, got 5" },
+	{ "use sdp * * 10.0.0.1: 80",        "unknown fabric '80' (shm, ofi or tcp)" },
 	{ "use sdp * * 10.0.0.1:65536",      "port out of range '65536'" },
 	{ "use sdp * * 10.0.0.1:99999999999999999999999", "port out of range '99999999999999999999999'" },
 	{ "use sdp * * 10.0.0.1:2000-1000",  "bad port range '2000-1000'" },
@@ -632,6 +633,49 @@ static void test_many_bad_lines(void)
 	CHECK_STR(e.msg[2], "policy:6: bad setting name '1'");
 	CHECK_INT(sdp_policy_nrules(p), 2);
 	CHECK_INT(m4(p, C, "a", "1.1.1.1", 1), SDP);
+	sdp_policy_free(p);
+}
+
+/* The optional fifth field: the provider a rule forces. */
+static void test_fabric(void)
+{
+	struct sdp_policy *p = good(
+		"use sdp client * 10.0.0.0/8:* ofi\n"
+		"use both * * 127.0.0.1:80 shm\n"
+		"use sdp * * 127.0.0.1:81 tcp\n"
+		"use sdp * * 127.0.0.1:82 any\n"
+		"use sdp * * *:*\n");
+	struct sockaddr_in sin = { .sin_family = AF_INET };
+	enum fab_pref f = FAB_PREF_SHM;
+	struct { const char *ip; unsigned port; enum sdp_use use; enum fab_pref fab; } c[] = {
+		{ "10.1.2.3", 9, SDP, FAB_PREF_OFI },
+		{ "127.0.0.1", 80, BOTH, FAB_PREF_SHM },
+		{ "127.0.0.1", 81, SDP, FAB_PREF_TCP },
+		{ "127.0.0.1", 82, SDP, FAB_PREF_ANY },
+		{ "127.0.0.1", 83, SDP, FAB_PREF_ANY },
+	};
+	for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+		sin.sin_port = htons((uint16_t)c[i].port);
+		inet_pton(AF_INET, c[i].ip, &sin.sin_addr);
+		CHECK_INT(sdp_policy_match_fabric(p, C, "x", (struct sockaddr *)&sin,
+						  sizeof sin, &f), c[i].use);
+		CHECK_INT(f, c[i].fab);
+	}
+	sdp_policy_free(p);
+	/* No rule matches: no preference either. */
+	p = good("use sdp server * *:*  shm\n");
+	f = FAB_PREF_SHM;
+	CHECK_INT(sdp_policy_match_fabric(p, C, "x", (struct sockaddr *)&sin, sizeof sin,
+					  &f), TCP);
+	CHECK_INT(f, FAB_PREF_ANY);
+	sdp_policy_free(p);
+	/* An unknown one is an error with its line, and the line is ignored. */
+	struct errs e = { 0 };
+	p = sdp_policy_parse("use sdp * * *:1\nuse sdp * * *:2 rdma\n", "f.conf",
+			     collect, &e);
+	CHECK_INT(e.n, 1);
+	CHECK_STR(e.msg[0], "f.conf:2: unknown fabric 'rdma' (shm, ofi or tcp)");
+	CHECK_INT(sdp_policy_nrules(p), 1);
 	sdp_policy_free(p);
 }
 
@@ -806,6 +850,7 @@ int main(void)
 	test_long_lines();
 	test_bad_lines();
 	test_many_bad_lines();
+	test_fabric();
 	test_good_file_is_silent();
 	test_load();
 	test_threads();
