@@ -159,14 +159,7 @@ void    sdp_arm(struct sdp_conn *c, unsigned events);
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
 bool    sdp_watch(struct sdp_conn *c);     /* become the watcher, or false */
 void    sdp_unwatch(struct sdp_conn *c);
-/* Adaptive busy-polling (wait.c): spin_begin gives this wait's budget in
- * microseconds; spin_end says whether spinning paid off. spin_until spins
- * on cond until it holds or the budget is spent, yielding the CPU to other
- * runnable processes as it goes. */
-uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max);
-void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended);
-/* sched_yield that says whether it ran another task (the CPU is wanted). */
-bool     sdp_yield(void);
+/* Busy-polling (its budget, the spin loop, cpu_relax) is in spin.h. */
 /* Common wait used by tx and rx: spin, arm, sleep. flags: */
 enum {
 	SDP_WAIT_RCVTIMEO = 1u << 0,   /* a receive: SO_RCVTIMEO applies */

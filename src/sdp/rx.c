@@ -17,6 +17,7 @@
 #include "sdp/iov.h"
 #include "sdp/proto.h"
 #include "sdp/log.h"
+#include "sdp/spin.h"
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -581,7 +582,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				sdp_conn_abort(c, ECONNRESET);
 				break;
 			}
-			__builtin_ia32_pause();
+			sdp_cpu_relax();
 		}
 	}
 	if (!peek)

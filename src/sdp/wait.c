@@ -30,6 +30,7 @@
 
 #include "sdp/conn.h"
 #include "sdp/proto.h"
+#include "sdp/spin.h"
 #include "sdp/sys.h"
 #include "sdp/log.h"
 
@@ -94,37 +95,6 @@ bool sdp_take_reset(struct sdp_conn *c)
 
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
 			 unsigned flags);
-
-/*
- * Spinning pays when the peer answers within the budget; when it does not
- * (the peer is slow, or more processes want the CPUs than there are), every
- * spin is a CPU taken from someone who could make progress. So the budget
- * adapts like an adaptive mutex: restored to the maximum after a spin that
- * paid off, halved after one that did not while another task wanted the CPU
- * (a sched_yield during the spin ran one); at 0, one wait in 8 spins the
- * full maximum again, so a pattern where spinning pays (a ping-pong whose
- * answer takes longer than a short probe) is found again quickly. A miss
- * on an otherwise idle CPU costs only that CPU's time and keeps the budget:
- * halving there made event loops (nginx and wrk, one CPU each) sleep
- * through most of their requests.
- */
-uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max)
-{
-	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
-	if (b > max)
-		b = max;
-	if (b == 0 && (atomic_fetch_add_explicit(waits, 1, memory_order_relaxed) & 7) == 0)
-		b = max;
-	return b;
-}
-
-void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended)
-{
-	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
-	uint32_t nb = hit ? max : contended ? b / 2 : b;
-	if (nb != b)
-		atomic_store_explicit(cur, nb, memory_order_relaxed);
-}
 
 static void wake_others(struct sdp_conn *c)
 {
@@ -286,15 +256,16 @@ static bool peer_copying(struct sdp_conn *c, unsigned what)
 	       SDP_SINK_TAKEN;
 }
 
-/* A sched_yield that returns later than this ran another task. */
-#define SDP_YIELD_RAN_NS 5000
-static _Thread_local bool yield_ran_other;
+/* Go on spinning past the budget while the peer copies for us. */
+struct copy_watch {
+	struct sdp_conn *c;
+	unsigned what;
+};
 
-bool sdp_yield(void)
+static bool still_copying(void *arg)
 {
-	uint64_t t = sdp_now_ns();
-	sched_yield();
-	return sdp_now_ns() - t > SDP_YIELD_RAN_NS;
+	struct copy_watch *w = arg;
+	return peer_copying(w->c, w->what);
 }
 
 /* The spin before a sleep: true if the condition came true. With
@@ -315,39 +286,30 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 	bool busy = max && peer_copying(c, what);
 	if (!spin && !busy)
 		return false;
-	uint64_t start = sdp_now_ns(), end = start + (uint64_t)spin * 1000;
-	uint64_t busy_end = start + SDP_BUSY_SPIN_US * 1000ull;
-	bool contended = false;               /* a yield ran another task */
-	for (unsigned i = 1;; i++) {
+	struct sdp_spin sp;
+	struct copy_watch cw = { c, what };
+	sdp_spin_start(&sp, spin, 0, 64, 1,
+		       SDP_SPIN_FOLLOW | (until_shared ? SDP_SPIN_STOP_SHARED : 0));
+	sp.extend = still_copying;
+	sp.arg = &cw;
+	sp.ext_end = sp.start + SDP_BUSY_SPIN_US * 1000ull;
+	for (;;) {
 		if (cond_met(c, what)) {
-			sdp_spin_result(&c->spin_cur, max, true, contended);
+			sdp_spin_result(&c->spin_cur, max, true, sp.contended);
 			return true;
 		}
-		if (!yield_ran_other) {
-			__builtin_ia32_pause();
-			if (i & 63)
-				continue;
+		if (sdp_spin_step(&sp) != SDP_SPIN_OVER)
+			continue;
+		if (sp.shared && until_shared) {
+			/* Our CPU is wanted: the caller's alternative costs
+			 * no more than waiting for the peer. */
+			sdp_spin_result(&c->spin_cur, max, false, true);
+			return false;
 		}
-		uint64_t now = sdp_now_ns();
-		if (now > end && (now > busy_end || !peer_copying(c, what))) {
-			/* The copy may have ended since the check. */
-			bool met = cond_met(c, what);
-			sdp_spin_result(&c->spin_cur, max, met, contended);
-			return met;
-		}
-		/* Past the first microseconds, let any other runnable
-		 * process have this CPU meanwhile. If the last yield ran
-		 * one, the peer likely shares our CPU (the scheduler put
-		 * the two there): it answers only when we give the CPU
-		 * away, so every microsecond spun first is lost for it. */
-		if (now - start > 3000 || yield_ran_other) {
-			yield_ran_other = sdp_yield();
-			contended |= yield_ran_other;
-			if (yield_ran_other && until_shared) {
-				sdp_spin_result(&c->spin_cur, max, false, true);
-				return false;
-			}
-		}
+		/* The copy may have ended since the check. */
+		bool met = cond_met(c, what);
+		sdp_spin_result(&c->spin_cur, max, met, sp.contended);
+		return met;
 	}
 }
 
@@ -358,7 +320,7 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
  * no more than waiting for the peer, which needs our CPU to answer). */
 int sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held)
 {
-	if (yield_ran_other)
+	if (sdp_spin_cpu_shared())
 		return 0;
 	sdp_unlock(held);
 	bool met = spin_phase(c, what, true);

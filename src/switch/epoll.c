@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "switch/switch.h"
+#include "sdp/spin.h"
 #include "sdp/sys.h"
 
 struct sdp_conn *sdp_fd_conn(int fd);
@@ -464,21 +465,19 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 	for (;;) {
 		int n = scan(s, ev, max);
 		if (!spun && !n) {
-			uint64_t end = sdp_now_ns() + (uint64_t)spin * 1000;
-			if (deadline && end > deadline)
-				end = deadline;
-			uint64_t t0 = sdp_now_ns(), now = t0, next_kernel = t0;
-			bool contended = false, kernel = false;
-			while (!n && now < end) {
-				for (int k = 0; k < 32; k++)
-					__builtin_ia32_pause();
+			/* A scan costs a look at every member: relax longer
+			 * between two, and read the clock after each. */
+			struct sdp_spin sp;
+			sdp_spin_start(&sp, spin, deadline, 1, 32, 0);
+			uint64_t next_kernel = sp.start;
+			bool kernel = false;
+			while (!n && sdp_spin_step(&sp) != SDP_SPIN_OVER) {
 				n = scan(s, ev, max);
-				now = sdp_now_ns();
-				if (!n && now >= next_kernel) {
+				if (!n && sp.now >= next_kernel) {
 					/* The other members (TCP sockets, pipes,
 					 * timers) count too: ask the kernel, without
 					 * waiting, every 2 us of the spin. */
-					next_kernel = now + 2000;
+					next_kernel = sp.now + 2000;
 					int r = real_epoll_pwait2 ?
 						real_epoll_pwait2(epfd, ev, max, &zero, mask) :
 						real_epoll_pwait(epfd, ev, max, 0, mask);
@@ -487,10 +486,8 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 						break;
 					}
 				}
-				if (!n && now - t0 > 3000)
-					contended |= sdp_yield();
 			}
-			sdp_spin_result(&s->spin_cur, sdp_tun.spin_us, n > 0, contended);
+			sdp_spin_result(&s->spin_cur, sdp_tun.spin_us, n > 0, sp.contended);
 			spun = true;
 			if (kernel) {
 				if (n < max)

@@ -16,6 +16,7 @@
 #include <time.h>
 
 #include "switch/switch.h"
+#include "sdp/spin.h"
 #include "sdp/sys.h"
 
 struct sdp_conn *sdp_fd_conn(int fd);
@@ -127,40 +128,33 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	}
 	uint64_t start = sdp_now_ns();
 	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
-	/* Spin on the SDP members (adaptive budget per thread, see wait.c). */
+	/* Spin on the SDP members (adaptive budget per thread, sdp/spin.c). */
 	static __thread _Atomic uint32_t tcur = 1000000, twaits;
 	uint32_t max = spin;
 	spin = sdp_spin_budget(&tcur, &twaits, max);
 	if (timeout_ns != 0 && spin) {
-		uint64_t end = start + (uint64_t)spin * 1000;
-		bool contended = false;
-		if (deadline && end > deadline)
-			end = deadline;
-		for (unsigned k = 1;; k++) {
+		struct sdp_spin sp;
+		sdp_spin_start(&sp, spin, deadline, 64, 1, 0);
+		for (;;) {
 			if (sdp_scan(fds, n, cs, NULL)) {
-				sdp_spin_result(&tcur, max, true, contended);
+				sdp_spin_result(&tcur, max, true, sp.contended);
 				r = merge_others(fds, n, cs, tmp, &zero, mask);
 				goto out;
 			}
-			__builtin_ia32_pause();
-			if (!(k & 63)) {
-				uint64_t now = sdp_now_ns();
-				if (now > end)
-					break;
-				/* The other descriptors count too: ask the
-				 * kernel about them, without waiting. */
-				if ((nfds_t)nsdp < n && !(k & 255)) {
-					r = merge_others(fds, n, cs, tmp, &zero, mask);
-					if (r != 0) {
-						sdp_spin_result(&tcur, max, r > 0, contended);
-						goto out;
-					}
+			int st = sdp_spin_step(&sp);
+			if (st == SDP_SPIN_OVER)
+				break;
+			/* The other descriptors count too: ask the kernel
+			 * about them, without waiting. */
+			if (st == SDP_SPIN_TICK && (nfds_t)nsdp < n && !(sp.n & 255)) {
+				r = merge_others(fds, n, cs, tmp, &zero, mask);
+				if (r != 0) {
+					sdp_spin_result(&tcur, max, r > 0, sp.contended);
+					goto out;
 				}
-				if (now - start > 3000)
-					contended |= sdp_yield();
 			}
 		}
-		sdp_spin_result(&tcur, max, false, contended);
+		sdp_spin_result(&tcur, max, false, sp.contended);
 	}
 	for (;;) {
 		/* Arm, then become the watcher, then look: a kick after the

@@ -33,6 +33,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sdp/spin.h"
+
 static uint64_t g_size = 65536, g_iters = 200000, g_ring = 4u << 20;
 static double g_time = 1.0;
 static int g_write;
@@ -73,11 +75,7 @@ static void *xmap(size_t n, bool shared)
 
 static inline void cpu_relax(void)
 {
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#else
-	__asm__ __volatile__("" ::: "memory");
-#endif
+	sdp_cpu_relax();                  /* the library's, sdp/spin.h */
 }
 
 /* spin politely: after a while yield, so that an overcommitted machine

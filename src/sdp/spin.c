@@ -1,0 +1,97 @@
+/*
+ * spin.c - busy-polling (spin.h): the steps of a spin, its adaptive
+ * budget, and the yield that tells whether the CPU is wanted.
+ */
+#include <sched.h>
+
+#include "sdp/conn.h"
+#include "sdp/spin.h"
+
+/*
+ * Spinning pays when the peer answers within the budget; when it does not
+ * (the peer is slow, or more processes want the CPUs than there are), every
+ * spin is a CPU taken from someone who could make progress. So the budget
+ * adapts like an adaptive mutex: restored to the maximum after a spin that
+ * paid off, halved after one that did not while another task wanted the CPU
+ * (a sched_yield during the spin ran one); at 0, one wait in 8 spins the
+ * full maximum again, so a pattern where spinning pays (a ping-pong whose
+ * answer takes longer than a short probe) is found again quickly. A miss
+ * on an otherwise idle CPU costs only that CPU's time and keeps the budget:
+ * halving there made event loops (nginx and wrk, one CPU each) sleep
+ * through most of their requests.
+ */
+uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max)
+{
+	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
+	if (b > max)
+		b = max;
+	if (b == 0 && (atomic_fetch_add_explicit(waits, 1, memory_order_relaxed) & 7) == 0)
+		b = max;
+	return b;
+}
+
+void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended)
+{
+	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
+	uint32_t nb = hit ? max : contended ? b / 2 : b;
+	if (nb != b)
+		atomic_store_explicit(cur, nb, memory_order_relaxed);
+}
+
+/* A sched_yield that returns later than this ran another task. */
+#define SDP_YIELD_RAN_NS 5000
+/* The last yield of a SDP_SPIN_FOLLOW spin of this thread ran another. */
+static _Thread_local bool yield_ran_other;
+
+bool sdp_yield(void)
+{
+	uint64_t t = sdp_now_ns();
+	sched_yield();
+	return sdp_now_ns() - t > SDP_YIELD_RAN_NS;
+}
+
+bool sdp_spin_cpu_shared(void)
+{
+	return yield_ran_other;
+}
+
+void sdp_spin_start(struct sdp_spin *s, uint32_t us, uint64_t deadline,
+		    uint32_t tick, uint32_t relax, unsigned flags)
+{
+	*s = (struct sdp_spin){ .tick = tick ? tick : 1, .relax = relax, .flags = flags };
+	s->start = s->now = sdp_now_ns();
+	s->end = s->start + (uint64_t)us * 1000;
+	if (deadline && s->end > deadline)
+		s->end = deadline;
+	s->shared = (flags & SDP_SPIN_FOLLOW) && yield_ran_other;
+}
+
+int sdp_spin_step(struct sdp_spin *s)
+{
+	s->n++;
+	/* While the CPU is wanted, look at the clock (and yield) at every
+	 * step: every microsecond spun is lost for the task we wait for. */
+	if (!s->shared) {
+		for (uint32_t i = 0; i < s->relax; i++)
+			sdp_cpu_relax();
+		if (s->n & (s->tick - 1))
+			return SDP_SPIN_AGAIN;
+	}
+	s->now = sdp_now_ns();
+	if (s->now > s->end &&
+	    (!s->extend || s->now > s->ext_end || !s->extend(s->arg)))
+		return SDP_SPIN_OVER;
+	if (s->now - s->start > SDP_SPIN_YIELD_NS || s->shared) {
+		bool ran = sdp_yield();
+		if (s->flags & SDP_SPIN_FOLLOW) {
+			yield_ran_other = ran;
+			s->shared = ran;
+		}
+		s->contended |= ran;
+		if (ran && (s->flags & SDP_SPIN_STOP_SHARED)) {
+			s->shared = true;
+			return SDP_SPIN_OVER;
+		}
+	}
+	return SDP_SPIN_TICK;
+}
