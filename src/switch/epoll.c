@@ -18,6 +18,7 @@
  * epoll_drop_pending() forgets it.
  */
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -437,26 +438,47 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 	return k;
 }
 
-static int wait_common(int epfd, struct epoll_event *ev, int max,
-		       int64_t timeout_ns, const sigset_t *mask)
+/* The kernel's wait for a set with SDP members: epoll_pwait2 (Linux 5.11)
+ * for its nanosecond timeout, else - the kernel, valgrind or a seccomp
+ * profile says ENOSYS, remembered - epoll_pwait with the timeout rounded
+ * up to whole milliseconds. NULL: no timeout. */
+static _Atomic bool no_pwait2;
+
+static int kernel_wait(int epfd, struct epoll_event *ev, int max,
+		       const struct timespec *tp, const sigset_t *mask)
+{
+	if (real_epoll_pwait2 && !atomic_load_explicit(&no_pwait2, memory_order_relaxed)) {
+		int r = real_epoll_pwait2(epfd, ev, max, tp, mask);
+		if (r >= 0 || errno != ENOSYS)
+			return r;
+		atomic_store(&no_pwait2, true);
+		sdp_log(2, "epoll_pwait2 unavailable: epoll_pwait from now on");
+	}
+	int ms = -1;
+	if (tp) {
+		uint64_t ns = (uint64_t)tp->tv_sec * 1000000000u + (uint64_t)tp->tv_nsec;
+		uint64_t m = (ns + 999999) / 1000000;
+		ms = m > INT_MAX ? INT_MAX : (int)m;
+	}
+	return real_epoll_pwait(epfd, ev, max, ms, mask);
+}
+
+/* A set with SDP members, or NULL: the application's own call then goes to
+ * the kernel as it is. */
+static struct ep_shadow *members(int epfd)
 {
 	struct ep_shadow *s = shadow_of(epfd, false);
+	return s && s->n != s->npending ? s : NULL;
+}
+
+static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, int max,
+		       int64_t timeout_ns, const sigset_t *mask)
+{
 	if (max <= 0) {
 		errno = EINVAL;
 		return -1;
 	}
 	struct timespec zero = { 0, 0 };
-	if (!s || s->n == s->npending) {       /* no SDP member */
-		struct timespec ts, *tp = NULL;
-		if (timeout_ns >= 0) {
-			ts.tv_sec = timeout_ns / 1000000000;
-			ts.tv_nsec = timeout_ns % 1000000000;
-			tp = &ts;
-		}
-		return real_epoll_pwait2 ? real_epoll_pwait2(epfd, ev, max, tp, mask)
-			: real_epoll_pwait(epfd, ev, max,
-					   timeout_ns < 0 ? -1 : (int)(timeout_ns / 1000000), mask);
-	}
 	uint64_t start = sdp_now_ns();
 	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
 	uint32_t spin = sdp_spin_budget(&s->spin_cur, &s->spin_waits, sdp_tun.spin_us);
@@ -479,9 +501,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 					 * timers) count too: ask the kernel, without
 					 * waiting, every 2 us of the spin. */
 					next_kernel = now + 2000;
-					int r = real_epoll_pwait2 ?
-						real_epoll_pwait2(epfd, ev, max, &zero, mask) :
-						real_epoll_pwait(epfd, ev, max, 0, mask);
+					int r = kernel_wait(epfd, ev, max, &zero, mask);
 					if (r > 0 && (n = filter(s, ev, r)) > 0) {
 						kernel = true;
 						break;
@@ -508,9 +528,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 		if (n) {
 			/* Also collect what the kernel has, without waiting. */
 			if (n < max) {
-				int r = real_epoll_pwait2 ?
-					real_epoll_pwait2(epfd, ev + n, max - n, &zero, mask) :
-					real_epoll_pwait(epfd, ev + n, max - n, 0, mask);
+				int r = kernel_wait(epfd, ev + n, max - n, &zero, mask);
 				if (r > 0)
 					n += filter(s, ev + n, r);
 			}
@@ -518,13 +536,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
-		int r;
-		if (real_epoll_pwait2)
-			r = real_epoll_pwait2(epfd, ev, max, tp, mask);
-		else
-			r = real_epoll_pwait(epfd, ev, max,
-					     tp ? (int)((tp->tv_sec * 1000000000 + tp->tv_nsec + 999999) / 1000000) : -1,
-					     mask);
+		int r = kernel_wait(epfd, ev, max, tp, mask);
 		if (r < 0) {
 			unwatch_all(s);
 			return r;
@@ -541,20 +553,34 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	SDP_INIT();
-	return wait_common(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
+	struct ep_shadow *s = members(epfd);
+	if (!s)
+		return real_epoll_wait(epfd, ev, max, timeout);
+	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
 		       const sigset_t *mask)
 {
 	SDP_INIT();
-	return wait_common(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
+	struct ep_shadow *s = members(epfd);
+	if (!s)
+		return real_epoll_pwait(epfd, ev, max, timeout, mask);
+	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
 }
 
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 			const struct timespec *t, const sigset_t *mask)
 {
 	SDP_INIT();
-	return wait_common(epfd, ev, max,
+	struct ep_shadow *s = members(epfd);
+	if (!s) {
+		if (!real_epoll_pwait2) {
+			errno = ENOSYS;           /* a libc without it */
+			return -1;
+		}
+		return real_epoll_pwait2(epfd, ev, max, t, mask);
+	}
+	return wait_common(s, epfd, ev, max,
 			   t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1, mask);
 }
