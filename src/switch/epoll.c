@@ -243,6 +243,33 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 	pthread_mutex_unlock(&all_lock);
 }
 
+/* The process is about to be sandboxed and its connections have left SDP
+ * (fd_leave_all): every member's registration in the kernel becomes the
+ * application's own again (a fired one-shot stays disabled). The shadow
+ * sets are freed when the table forgets their epoll fds. */
+void epoll_leave_all(void)
+{
+	pthread_mutex_lock(&all_lock);
+	for (struct ep_shadow *s = all; s; s = s->next) {
+		pthread_mutex_lock(&s->lock);
+		for (int i = 0; i < s->n; i++) {
+			struct ep_ent *e = &s->v[i];
+			if (!e->c)
+				continue;     /* pending: the kernel has its own */
+			struct epoll_event kev = {
+				.events = e->disabled ? EPOLLONESHOT : e->events,
+				.data = e->data,
+			};
+			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev) < 0)
+				sdp_log(0, "epoll fd %d: fd %d not given back to the kernel (%s)",
+					s->epfd, e->fd, strerror(errno));
+			e->c = NULL;
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
 void epoll_drop_pending(int fd)
 {
 	if (atomic_load(&pending_total))
