@@ -143,10 +143,17 @@ struct sdp_zctl;
 struct sdp_zctl *shm_zc_me(struct fab_ep *ep);
 struct sdp_zctl *shm_zc_peer(struct fab_ep *ep);
 
-/* Fallback to TCP (sdp/fallback.c). */
-int  shm_peer_fb(struct fab_ep *ep);
+/* Fallback to TCP (sdp/fallback.c): the `fb` mark of a control block. */
+enum shm_fb {
+	SHM_FB_NONE    = 0,      /* on SDP */
+	SHM_FB_LEAVING = 1,      /* stage 1: posts and consumes nothing more;
+				  * the peer must follow */
+	SHM_FB_FINAL   = 2,      /* stage 2: tokens_sent final, fb_rx_* valid */
+};
+int  shm_peer_fb(struct fab_ep *ep);         /* enum shm_fb */
 int  shm_my_fb(struct fab_ep *ep);
-void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);
+void shm_fb_leave(struct fab_ep *ep);        /* stage 1 */
+void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);   /* stage 2 */
 void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
 uint64_t shm_tokens_due(struct fab_ep *ep);
 void shm_tokens_took(struct fab_ep *ep, uint64_t n);

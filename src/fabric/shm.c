@@ -114,7 +114,7 @@ bool shm_peer_sane(struct fab_ep *ep)
 	uint64_t fin_seq = atomic_load(&p->fin_seq);
 	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
 		return insane("FIN after messages that do not exist");
-	if (atomic_load(&p->fb) > 1)
+	if (atomic_load(&p->fb) > SHM_FB_FINAL)
 		return insane("bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
 	uint64_t tr = atomic_load(&m->tokens_rcvd);
@@ -135,16 +135,27 @@ int shm_peer_caught_up(struct fab_ep *ep)
 	return atomic_load(&peer(ep)->cons) >= atomic_load(&me(ep)->prod);
 }
 
-int shm_peer_fb(struct fab_ep *ep) { return atomic_load(&peer(ep)->fb) != 0; }
-int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }
+int shm_peer_fb(struct fab_ep *ep) { return (int)atomic_load(&peer(ep)->fb); }
+int shm_my_fb(struct fab_ep *ep) { return (int)atomic_load(&me(ep)->fb); }
 
+/* Stage 1: we are leaving. A seq_cst store, so the fence of the kick that
+ * follows orders it before our look at the peer's arm bits (the Dekker
+ * pair of PROTOCOL.md section 9, with "we are leaving" as the progress). */
+void shm_fb_leave(struct fab_ep *ep)
+{
+	struct shm_side *m = me(ep);
+	if (atomic_load(&m->fb) == SHM_FB_NONE)
+		atomic_store(&m->fb, SHM_FB_LEAVING);
+}
+
+/* Stage 2: our token count is final and our position is published. */
 void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 {
 	struct shm_side *m = me(ep);
 	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
 	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
 	m->fb_rx_off = rx_off;
-	atomic_store(&m->fb, 1);
+	atomic_store(&m->fb, SHM_FB_FINAL);
 }
 
 void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)

@@ -15,7 +15,7 @@
 #include "sdp/proto.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 3
+#define SHM_VERSION 4
 #define SHM_HDR_SIZE 4096u
 #define SHM_TOKEN_BYTE 0xDB
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
@@ -32,7 +32,7 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic int32_t  pid;         /* process that last used this side */
 	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
 	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
-	_Atomic uint32_t fb;          /* 1: this side left SDP (fallback to TCP) */
+	_Atomic uint32_t fb;          /* enum shm_fb: leaving SDP for TCP */
 	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
 	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
 	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */
