@@ -84,11 +84,16 @@ enum fab_mark {
 	FAB_M_RD_SHUT  = 1u << 2,   /* shutdown(SHUT_RD): data sent to it now resets */
 	FAB_M_CLOSED   = 1u << 3,   /* this side's socket is fully closed: the last
 				     * thing the side writes to shared state */
-	FAB_M_FB       = 1u << 4,   /* this side left SDP for TCP; set only by
+	FAB_M_FB       = 1u << 4,   /* leaving SDP for TCP (fallback stage 1): this
+				     * side posts and consumes nothing more; set
+				     * with seq_cst under both locks, before the
+				     * kick that tells the peer */
+	FAB_M_FB_FINAL = 1u << 5,   /* fallback stage 2: its wake-up count is final
+				     * and its position published; set only by
 				     * fb_publish, never by mark */
 	/* Derived, readable for the peer only: */
-	FAB_M_FIN_READ = 1u << 5,   /* FIN, and we consumed every message before it */
-	FAB_M_CAUGHT_UP = 1u << 6,  /* the peer consumed every message we posted */
+	FAB_M_FIN_READ = 1u << 6,   /* FIN, and we consumed every message before it */
+	FAB_M_CAUGHT_UP = 1u << 7,  /* the peer consumed every message we posted */
 };
 #define FAB_MY(m) ((unsigned)(m) << 16)
 /* Whose block a zero-copy compare-and-swap targets (zc_cas). */
@@ -208,7 +213,7 @@ struct fab_ops {
 
 	/* ---- marks and the peer's sanity --------------------------------- */
 
-	/* Set enum fab_mark bits (not FAB_M_FB) in our own state (seq_cst).
+	/* Set enum fab_mark bits (not FAB_M_FB_FINAL) in our own state (seq_cst).
 	 * FIN records the messages posted so far: call it under tx_lock. */
 	void     (*mark)(struct fab_ep *ep, unsigned m);
 	/* Which of the marks in want hold: the peer's as enum fab_mark, ours
@@ -281,11 +286,12 @@ struct fab_ops {
 
 	/* ---- fallback to TCP ------------------------------------------------ */
 
-	/* Freeze our side: no more wake-up tokens (their count becomes final),
-	 * record how far we consumed the peer's messages (all before rx_seq,
-	 * plus rx_off bytes of the next one), then set FAB_M_FB. Under both
-	 * locks. fb_peer_pos gives the peer's recorded position, valid once
-	 * the peer's FAB_M_FB is seen. tx_msg: our own message seq as posted
+	/* Stage 2 of leaving (after mark(FAB_M_FB) and the kick): no more
+	 * wake-up tokens (their count becomes final), record how far we
+	 * consumed the peer's messages (all before rx_seq, plus rx_off bytes
+	 * of the next one), then set FAB_M_FB_FINAL. Under both locks.
+	 * fb_peer_pos gives the peer's recorded position, valid once the
+	 * peer's FAB_M_FB_FINAL is seen. tx_msg: our own message seq as posted
 	 * (tx_seq - nslots <= seq < tx_seq, not yet consumed by the peer),
 	 * for re-sending its payload on TCP; copy it out before checking. */
 	void     (*fb_publish)(struct fab_ep *ep, uint32_t rx_off);

@@ -76,6 +76,12 @@ static void shm_mark(struct fab_ep *ep, unsigned m)
 		atomic_store(&s->rd_shut, 1);
 	if (m & FAB_M_CLOSED)
 		atomic_store(&s->closed, 1);
+	/* Stage 1 of a fallback: a seq_cst store, so the fence of the kick
+	 * that follows orders it before our look at the peer's arm bits (the
+	 * Dekker pair of PROTOCOL.md section 9, with "we are leaving" as the
+	 * progress). */
+	if ((m & FAB_M_FB) && atomic_load(&s->fb) == SHM_FB_NONE)
+		atomic_store(&s->fb, SHM_FB_LEAVING);
 }
 
 /* The marks of one side block (the plain ones). */
@@ -90,8 +96,13 @@ static unsigned side_marks(struct shm_side *s, unsigned want)
 		m |= FAB_M_RD_SHUT;
 	if ((want & FAB_M_CLOSED) && atomic_load_explicit(&s->closed, memory_order_acquire))
 		m |= FAB_M_CLOSED;
-	if ((want & FAB_M_FB) && atomic_load_explicit(&s->fb, memory_order_acquire))
-		m |= FAB_M_FB;
+	if (want & (FAB_M_FB | FAB_M_FB_FINAL)) {
+		uint32_t fb = atomic_load_explicit(&s->fb, memory_order_acquire);
+		if (fb != SHM_FB_NONE)
+			m |= want & FAB_M_FB;
+		if (fb == SHM_FB_FINAL)
+			m |= want & FAB_M_FB_FINAL;
+	}
 	return m;
 }
 
@@ -149,7 +160,7 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 	uint64_t fin_seq = atomic_load(&p->fin_seq);
 	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
 		return insane(why, "FIN after messages that do not exist");
-	if (atomic_load(&p->fb) > 1)
+	if (atomic_load(&p->fb) > SHM_FB_FINAL)
 		return insane(why, "bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
 	uint64_t tr = atomic_load(&m->tokens_rcvd);
@@ -212,7 +223,7 @@ static void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
 	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
 	m->fb_rx_off = rx_off;
-	atomic_store(&m->fb, 1);
+	atomic_store(&m->fb, SHM_FB_FINAL);
 }
 
 static void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)

@@ -17,7 +17,7 @@
 #include "sdp/proto.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 3
+#define SHM_VERSION 4
 #define SHM_HDR_SIZE 4096u
 #define SHM_TOKEN_BYTE 0xDB
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
@@ -34,7 +34,7 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic int32_t  pid;         /* process that last used this side */
 	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
 	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
-	_Atomic uint32_t fb;          /* 1: this side left SDP (fallback to TCP) */
+	_Atomic uint32_t fb;          /* enum shm_fb: leaving SDP for TCP */
 	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
 	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
 	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */
@@ -42,6 +42,15 @@ struct shm_side {                 /* written only by its own side */
 	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
 };
 _Static_assert(sizeof(struct shm_side) == 320, "side block is 5 cache lines");
+
+/* A control block's `fb` word: leaving SDP for TCP (fallback). */
+enum shm_fb {
+	SHM_FB_NONE    = 0,      /* on SDP */
+	SHM_FB_LEAVING = 1,      /* stage 1: posts and consumes nothing more;
+				  * the peer must follow (FAB_M_FB) */
+	SHM_FB_FINAL   = 2,      /* stage 2: tokens_sent final, fb_rx_* valid
+				  * (FAB_M_FB_FINAL) */
+};
 
 /* The region's set-up state (hdr.state). */
 enum shm_state {

@@ -151,6 +151,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 int     sdp_fionread(struct sdp_conn *c);
 /* Readiness as poll(2) bits, from shared state only (no syscalls). */
 unsigned sdp_events(struct sdp_conn *c);
+/* Counts that move on the events edge-triggered epoll reports: messages
+ * arrived so far (consumed or pending), and our messages the peer has
+ * consumed plus the buffers we may fill (moves when credits come back). */
+uint64_t sdp_rx_arrived(struct sdp_conn *c);
+uint64_t sdp_tx_acked(struct sdp_conn *c);
+uint32_t sdp_credits(struct sdp_conn *c);         /* messages we may post now */
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
 void    sdp_arm(struct sdp_conn *c, unsigned events);

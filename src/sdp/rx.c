@@ -657,6 +657,23 @@ unsigned sdp_events(struct sdp_conn *c)
 	return ev;
 }
 
+uint64_t sdp_rx_arrived(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return ep->ops->rx_seq(ep) + ep->ops->rx_pending(ep);
+}
+
+uint64_t sdp_tx_acked(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return ep->ops->tx_seq(ep) + ep->ops->credits(ep);
+}
+
+uint32_t sdp_credits(struct sdp_conn *c)
+{
+	return c->ep.ops->credits(&c->ep);
+}
+
 void sdp_arm(struct sdp_conn *c, unsigned events)
 {
 	unsigned what = 0;

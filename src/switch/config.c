@@ -1,7 +1,8 @@
 /*
  * config.c - start-up of the switch: resolve the real libc entry points,
  * read the policy file and the tunables, create the connection pool, and
- * answer "SDP or TCP?" for a socket.
+ * answer "SDP or TCP?" for a socket. A process started under a seccomp
+ * filter does none of this: it passes every call through (sandbox.c).
  *
  * Policy file: --policy FILE (sdp run sets SDP_CONFIG), else $SDP_CONFIG,
  * else /etc/sdp.conf. With none, every connection uses SDP when the peer
@@ -59,11 +60,15 @@ static void tun_report(const char *msg, void *arg)
 
 static void at_exit(void)
 {
-	sdp_proc_write_stats(getenv("SDP_STATS_DIR"));
+	/* Under seccomp they were written before the filter (sandbox.c). */
+	if (!atomic_load(&sdp_passthru))
+		sdp_proc_write_stats(getenv("SDP_STATS_DIR"));
 }
 
 static void atfork_child(void)
 {
+	if (atomic_load(&sdp_passthru))
+		return;                       /* forked under a filter: no calls */
 	sdp_pid = getpid();
 	sdp_pool_atfork_child();
 }
@@ -73,6 +78,19 @@ static void do_init(void)
 #define X(ret, name, args) real_##name = (ret (*) args)dlsym(RTLD_NEXT, #name);
 	REAL_FUNCS(X)
 #undef X
+	/* The tunables as the environment alone says (quietly: they are
+	 * read again with the policy below), for the log level at once. */
+	sdp_tunables_load(NULL, NULL, NULL, NULL, NULL);
+	sdp_log_level = (int)sdp_tun.log_level;
+	/* Started under a seccomp filter (exec keeps it): the library steps
+	 * aside before making any call the filter may not allow. */
+	if (sdp_seccomp_at_start()) {
+		atomic_store(&sdp_passthru, 1);
+		fd_passthru();
+		sdp_inited = 1;
+		sdp_log(1, "seccomp filter in place at start-up: libsdp passes every call through");
+		return;
+	}
 	/* From here on wrappers called by our own start-up (the policy file
 	 * is read with read()) pass straight through. */
 	sdp_pid = getpid();
@@ -137,6 +155,8 @@ enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t 
 			enum fab_pref *fabric)
 {
 	*fabric = FAB_PREF_ANY;
+	if (atomic_load_explicit(&sdp_passthru, memory_order_relaxed))
+		return SDP_USE_TCP;
 	if (!have_policy)
 		return SDP_USE_BOTH;
 	if (!policy)

@@ -18,6 +18,7 @@
  * epoll_drop_pending() forgets it.
  */
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,14 +161,12 @@ EXPORT int epoll_create1(int flags)
 
 static uint64_t arrived(struct sdp_conn *c)
 {
-	struct fab_ep *ep = &c->ep;
-	return ep->ops->rx_seq(ep) + ep->ops->rx_pending(ep);
+	return sdp_rx_arrived(c);
 }
 
 static uint64_t acked(struct sdp_conn *c)
 {
-	struct fab_ep *ep = &c->ep;
-	return ep->ops->tx_seq(ep) + ep->ops->credits(ep);
+	return sdp_tx_acked(c);
 }
 
 /* Shadow entry i (or a new one) for fd; called locked. NULL: no memory. */
@@ -237,6 +236,33 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 			} else {
 				remove_at(s, i);
 			}
+		}
+		pthread_mutex_unlock(&s->lock);
+	}
+	pthread_mutex_unlock(&all_lock);
+}
+
+/* The process is about to be sandboxed and its connections have left SDP
+ * (fd_leave_all): every member's registration in the kernel becomes the
+ * application's own again (a fired one-shot stays disabled). The shadow
+ * sets are freed when the table forgets their epoll fds. */
+void epoll_leave_all(void)
+{
+	pthread_mutex_lock(&all_lock);
+	for (struct ep_shadow *s = all; s; s = s->next) {
+		pthread_mutex_lock(&s->lock);
+		for (int i = 0; i < s->n; i++) {
+			struct ep_ent *e = &s->v[i];
+			if (!e->c)
+				continue;     /* pending: the kernel has its own */
+			struct epoll_event kev = {
+				.events = e->disabled ? EPOLLONESHOT : e->events,
+				.data = e->data,
+			};
+			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev) < 0)
+				sdp_log(0, "epoll fd %d: fd %d not given back to the kernel (%s)",
+					s->epfd, e->fd, strerror(errno));
+			e->c = NULL;
 		}
 		pthread_mutex_unlock(&s->lock);
 	}
@@ -438,26 +464,47 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 	return k;
 }
 
-static int wait_common(int epfd, struct epoll_event *ev, int max,
-		       int64_t timeout_ns, const sigset_t *mask)
+/* The kernel's wait for a set with SDP members: epoll_pwait2 (Linux 5.11)
+ * for its nanosecond timeout, else - the kernel, valgrind or a seccomp
+ * profile says ENOSYS, remembered - epoll_pwait with the timeout rounded
+ * up to whole milliseconds. NULL: no timeout. */
+static _Atomic bool no_pwait2;
+
+static int kernel_wait(int epfd, struct epoll_event *ev, int max,
+		       const struct timespec *tp, const sigset_t *mask)
+{
+	if (real_epoll_pwait2 && !atomic_load_explicit(&no_pwait2, memory_order_relaxed)) {
+		int r = real_epoll_pwait2(epfd, ev, max, tp, mask);
+		if (r >= 0 || errno != ENOSYS)
+			return r;
+		atomic_store(&no_pwait2, true);
+		sdp_log(2, "epoll_pwait2 unavailable: epoll_pwait from now on");
+	}
+	int ms = -1;
+	if (tp) {
+		uint64_t ns = (uint64_t)tp->tv_sec * 1000000000u + (uint64_t)tp->tv_nsec;
+		uint64_t m = (ns + 999999) / 1000000;
+		ms = m > INT_MAX ? INT_MAX : (int)m;
+	}
+	return real_epoll_pwait(epfd, ev, max, ms, mask);
+}
+
+/* A set with SDP members, or NULL: the application's own call then goes to
+ * the kernel as it is. */
+static struct ep_shadow *members(int epfd)
 {
 	struct ep_shadow *s = shadow_of(epfd, false);
+	return s && s->n != s->npending ? s : NULL;
+}
+
+static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, int max,
+		       int64_t timeout_ns, const sigset_t *mask)
+{
 	if (max <= 0) {
 		errno = EINVAL;
 		return -1;
 	}
 	struct timespec zero = { 0, 0 };
-	if (!s || s->n == s->npending) {       /* no SDP member */
-		struct timespec ts, *tp = NULL;
-		if (timeout_ns >= 0) {
-			ts.tv_sec = timeout_ns / 1000000000;
-			ts.tv_nsec = timeout_ns % 1000000000;
-			tp = &ts;
-		}
-		return real_epoll_pwait2 ? real_epoll_pwait2(epfd, ev, max, tp, mask)
-			: real_epoll_pwait(epfd, ev, max,
-					   timeout_ns < 0 ? -1 : (int)(timeout_ns / 1000000), mask);
-	}
 	uint64_t start = sdp_now_ns();
 	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
 	uint32_t spin = sdp_spin_budget(&s->spin_cur, &s->spin_waits, sdp_tun.spin_us);
@@ -478,9 +525,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 					 * timers) count too: ask the kernel, without
 					 * waiting, every 2 us of the spin. */
 					next_kernel = sp.now + 2000;
-					int r = real_epoll_pwait2 ?
-						real_epoll_pwait2(epfd, ev, max, &zero, mask) :
-						real_epoll_pwait(epfd, ev, max, 0, mask);
+					int r = kernel_wait(epfd, ev, max, &zero, mask);
 					if (r > 0 && (n = filter(s, ev, r)) > 0) {
 						kernel = true;
 						break;
@@ -505,9 +550,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 		if (n) {
 			/* Also collect what the kernel has, without waiting. */
 			if (n < max) {
-				int r = real_epoll_pwait2 ?
-					real_epoll_pwait2(epfd, ev + n, max - n, &zero, mask) :
-					real_epoll_pwait(epfd, ev + n, max - n, 0, mask);
+				int r = kernel_wait(epfd, ev + n, max - n, &zero, mask);
 				if (r > 0)
 					n += filter(s, ev + n, r);
 			}
@@ -515,13 +558,7 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
-		int r;
-		if (real_epoll_pwait2)
-			r = real_epoll_pwait2(epfd, ev, max, tp, mask);
-		else
-			r = real_epoll_pwait(epfd, ev, max,
-					     tp ? (int)((tp->tv_sec * 1000000000 + tp->tv_nsec + 999999) / 1000000) : -1,
-					     mask);
+		int r = kernel_wait(epfd, ev, max, tp, mask);
 		if (r < 0) {
 			unwatch_all(s);
 			return r;
@@ -538,20 +575,34 @@ static int wait_common(int epfd, struct epoll_event *ev, int max,
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	SDP_INIT();
-	return wait_common(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
+	struct ep_shadow *s = members(epfd);
+	if (!s)
+		return real_epoll_wait(epfd, ev, max, timeout);
+	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
 		       const sigset_t *mask)
 {
 	SDP_INIT();
-	return wait_common(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
+	struct ep_shadow *s = members(epfd);
+	if (!s)
+		return real_epoll_pwait(epfd, ev, max, timeout, mask);
+	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
 }
 
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 			const struct timespec *t, const sigset_t *mask)
 {
 	SDP_INIT();
-	return wait_common(epfd, ev, max,
+	struct ep_shadow *s = members(epfd);
+	if (!s) {
+		if (!real_epoll_pwait2) {
+			errno = ENOSYS;           /* a libc without it */
+			return -1;
+		}
+		return real_epoll_pwait2(epfd, ev, max, t, mask);
+	}
+	return wait_common(s, epfd, ev, max,
 			   t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1, mask);
 }

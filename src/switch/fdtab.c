@@ -18,7 +18,7 @@
 #include "sdp/sys.h"
 
 static struct fdent *tab;
-static int tabsize;
+static _Atomic int tabsize;                 /* 0 in pass-through (sandbox.c) */
 static _Atomic uint32_t *holds;             /* fds per connection slot */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Atomic int hiwater;                 /* highest fd ever marked + 1 */
@@ -47,20 +47,22 @@ static void tab_init(void)
 	if (p == MAP_FAILED || h == MAP_FAILED)
 		return;
 	holds = h;
-	tabsize = (int)n;
 	tab = p;
+	atomic_store(&tabsize, (int)n);
+	if (atomic_load(&sdp_passthru))     /* raced with fd_passthru */
+		atomic_store(&tabsize, 0);
 }
 
 struct fdent *fd_get(int fd)
 {
 	if (__builtin_expect(!tab, 0))
 		pthread_once(&once, tab_init);
-	if (fd < 0 || fd >= tabsize)
+	if (fd < 0 || fd >= atomic_load_explicit(&tabsize, memory_order_relaxed))
 		return NULL;
 	return &tab[fd];
 }
 
-int fd_table_size(void) { return tabsize; }
+int fd_table_size(void) { return atomic_load_explicit(&tabsize, memory_order_relaxed); }
 
 void conn_hold(struct sdp_conn *c)
 {
@@ -224,6 +226,37 @@ void fd_before_exec_with(const int *extra, int nextra)
 void fd_before_exec(void)
 {
 	fd_before_exec_with(NULL, 0);
+}
+
+int fd_leave_all(void)
+{
+	if (!tab)
+		return 0;
+	int n = 0, hi = atomic_load(&hiwater);
+	for (int fd = 0; fd < hi; fd++) {
+		struct sdp_conn *c = tab[fd].c;
+		if (atomic_load(&tab[fd].kind) == FDK_SDP && c) {
+			fd_fallback(fd, c);   /* every fd naming c becomes TCP */
+			n++;
+		}
+	}
+	epoll_leave_all();
+	for (int fd = 0; fd < hi; fd++)
+		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
+			sdp_log(2, "listen fd %d: SDP withdrawn (seccomp filter)", fd);
+			sdp_listener_withdraw(tab[fd].l);
+		}
+	for (int fd = 0; fd < hi; fd++)
+		if (atomic_load(&tab[fd].kind) != FDK_NONE)
+			fd_forget(fd);
+	return n;
+}
+
+/* Called after sdp_passthru is set: every lookup misses from now on (a
+ * table made meanwhile ends up empty too, see tab_init). */
+void fd_passthru(void)
+{
+	atomic_store(&tabsize, 0);
 }
 
 void fd_dup(int oldfd, int newfd)

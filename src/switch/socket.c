@@ -228,12 +228,15 @@ static int after_accept(int lfd, int nfd, int flags)
 }
 
 /* A refused connection is invisible to the application: accept the next
- * one (a nonblocking listener then says EAGAIN if there is none). */
-static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+ * one (a nonblocking listener then says EAGAIN if there is none). The
+ * kernel gets the application's own call (four: accept4): a seccomp
+ * filter may allow accept and not accept4. */
+static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags,
+			 bool four)
 {
 	socklen_t len0 = len ? *len : 0;
 	for (;;) {
-		int n = real_accept4(fd, addr, len, flags);
+		int n = four ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
 		if (n < 0)
 			return n;
 		int e = errno;
@@ -249,13 +252,13 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	SDP_INIT();
-	return accept_common(fd, addr, len, 0);
+	return accept_common(fd, addr, len, 0, false);
 }
 
 EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
 	SDP_INIT();
-	return accept_common(fd, addr, len, flags);
+	return accept_common(fd, addr, len, flags, true);
 }
 
 EXPORT int close(int fd)
@@ -512,7 +515,7 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 			if (c) {
 				s = c->st;
 				s.transport = 1;
-				s.credits = c->ep.ops->credits(&c->ep);
+				s.credits = sdp_credits(c);
 			}
 			if (!val || !len) {
 				errno = EINVAL;

@@ -87,16 +87,30 @@ void fd_before_exec(void);
 void fd_before_exec_with(const int *extra, int nextra);
 struct sdp_conn *sdp_fd_conn(int fd);   /* fd_conn + connect/fallback upkeep */
 int  fd_table_size(void);
+/* Before a seccomp filter (sandbox.c): hand every SDP connection back to
+ * TCP, withdraw the listeners, release everything; returns the number of
+ * connections handed back. fd_passthru: from then on no fd is known. */
+int  fd_leave_all(void);
+void fd_passthru(void);
 void conn_hold(struct sdp_conn *c);
 
 /* config.c */
 void sdp_init(void);
 extern int sdp_inited;
 #define SDP_INIT() do { if (__builtin_expect(!sdp_inited, 0)) sdp_init(); } while (0)
+/* sandbox.c: set once the process is under seccomp (its own filter, or
+ * one it started under); every call then passes straight through and the
+ * library makes no system call of its own. */
+extern _Atomic int sdp_passthru;
+bool sdp_seccomp_at_start(void);
 /* A vfork child shares our memory (fd table included) but not our file
  * descriptors: there the switch only passes calls through. */
 extern pid_t sdp_pid;
-static inline bool sdp_in_vfork_child(void) { return getpid() != sdp_pid; }
+static inline bool sdp_in_vfork_child(void)
+{
+	return !atomic_load_explicit(&sdp_passthru, memory_order_relaxed) &&
+	       getpid() != sdp_pid;
+}
 /* SDP or TCP for this socket, and the provider the policy forces
  * (*fabric, FAB_PREF_ANY: whichever reaches the peer). */
 enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l,
@@ -163,6 +177,7 @@ void epoll_forget_fd(int fd);
 void epoll_adopt(int fd, struct sdp_conn *c);   /* connect() made fd SDP */
 void epoll_drop_pending(int fd);                /* ... or plain TCP */
 void epoll_shadow_free(struct ep_shadow *s);
+void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) */
 
 /* How long a poll/epoll sleep may last: until deadline (0 = none, NULL
  * result = forever), cut to SDP_SHARED_SLICE_MS when another sleeper
