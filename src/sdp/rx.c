@@ -1,7 +1,9 @@
 /*
- * rx.c - the receive side: Data messages to the application, readiness.
+ * rx.c - the receive side: the recv loop, Buffer Copy out of the ring, end
+ * of stream, and readiness.
  *
- * recv() walks the received messages in order. A Data message's payload is
+ * recv() walks the received messages in order, one handler per message
+ * type (the zero-copy ones are in zcsink.c). A Data message's payload is
  * copied out (one copy: from the receive buffer straight into the user's
  * buffer); when a message is fully consumed its buffer is released, which
  * returns the credit, and the peer is kicked if it waits for credits.
@@ -13,17 +15,13 @@
 #include <poll.h>
 #include <string.h>
 
-#include "sdp/conn.h"
 #include "sdp/iov.h"
-#include "sdp/proto.h"
 #include "sdp/log.h"
-#include "sdp/spin.h"
-#include <sys/uio.h>
-#include <unistd.h>
+#include "sdp/rx.h"
 
-/* Read and validate the idx-th pending message header. */
-static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
-		  const char **payload)
+/* Read and validate the idx-th pending message header (its payload stays
+ * in shared memory: handlers copy out what they use). */
+int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h, const char **payload)
 {
 	struct fab_ep *ep = &c->ep;
 	const void *msg;
@@ -73,7 +71,7 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 	return 0;
 }
 
-static void rx_release(struct sdp_conn *c, int fd)
+void rx_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
 	ep->ops->rx_release(ep);
@@ -108,224 +106,113 @@ static bool data_pending(struct sdp_conn *c)
 	return rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_DATA;
 }
 
-/*
- * A SrcAvail: RDMA Read (process_vm_readv) up to room bytes of it, from
- * offset off, into the application's buffer at stream offset copied (or,
- * for a receive below the threshold, through a bounce buffer: 000 §2.5).
- * Returns the bytes read (0 if cancelled or nothing fits) or -errno;
- * *whole is set when the advertisement is finished (read or cancelled).
- */
-/* Is this SrcAvail (at the head, not read yet) revoked by the source?
- * Revocation covers every unread id up to cancel_last (see below). */
-static bool srcavail_revoked(struct sdp_conn *c, const char *pl)
+/* ---- one handler per message type --------------------------------------- */
+
+/* Everything before it was read: now the reset. */
+static int rx_on_abort(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 {
-	struct sdp_srcavail sa;
-	memcpy(&sa, pl, sizeof sa);
-	struct sdp_zctl *pz = sdp_zc_peer(c);
-	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
-	return cid && sa.id <= clast && sa.id > c->rx_src_id;
+	(void)h;
+	(void)pl;
+	atomic_store(&rc->c->state, SDP_ST_RESET);
+	return -EAGAIN;
 }
 
-static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t off,
-			   const struct iovec *iov, int iovcnt, size_t copied,
-			   size_t room, bool peek, bool bounce, bool *whole)
+/* End of stream after what we have. */
+static int rx_on_disconn(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 {
-	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
-	struct sdp_srcavail sa;
-	memcpy(&sa, pl, sizeof sa);
-	*whole = false;
-	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
-	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
-	    sa.key <= 0 || off > sa.len) {
-		sdp_log(0, "malformed SrcAvail (id %u len %u): connection aborted",
-			sa.id, sa.len);
-		sdp_conn_abort(c, ECONNRESET);
+	(void)h;
+	(void)pl;
+	if (!rc->peek && rc->copied == 0) {
+		rx_release(rc->c, rc->fd);
+		atomic_store(&rc->c->rx_eof, 1);
+	}
+	return -EAGAIN;
+}
+
+/* The peer's send half changed mode (no stream bytes). */
+int rx_on_modechange(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
+{
+	(void)h;
+	struct sdp_modechange mc;
+	memcpy(&mc, pl, sizeof mc);
+	if (mc.mode > SDP_MODE_PIPELINED) {
+		sdp_log(0, "ModeChange to unknown mode %u: connection aborted", mc.mode);
+		sdp_conn_abort(rc->c, ECONNRESET);
 		return -ECONNRESET;
 	}
-	/* Mark the read before looking for a cancel (the source looks the
-	 * other way round), so a cancel never races a read. */
-	atomic_store(&z->reading, sa.id);
-	sdp_zc_publish(c, reading, reading);
-	/* Revoked ranges always run from the first unfinished advertisement
-	 * to the last posted, so every id up to the highest revoked one that
-	 * is still unread (it is here, at the head) is revoked: a later cancel
-	 * must not bring an earlier revoked buffer back to life. */
-	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
-	if (cid && sa.id <= clast) {
-		atomic_store(&z->reading, 0);
-		*whole = true;                /* revoked: skip it */
-		if (!peek) {
-			c->rx_src_id = sa.id;
-			atomic_store(&z->rd_done, sa.id);
-		}
-		sdp_zc_publish(c, rd_done, rd_done);
-		sdp_zc_publish(c, reading, reading);
-		/* The source may wait for rd_done to make room for its
-		 * next advertisement. */
-		if (!peek)
-			ep->ops->kick(ep, fd, FAB_WAIT_ZC);
-		return 0;
-	}
-	size_t n = sa.len - off;
-	if (n > room)
-		n = room;
-	if (n == 0) {
-		atomic_store(&z->reading, 0);
-		sdp_zc_publish(c, reading, reading);
-		return 0;
-	}
-	/* The key must be a process that holds the far end of this
-	 * connection: never let a peer point our reads at another process,
-	 * or at ourselves. Unknowable (no access to /proc): refuse below. */
-	int kc = zc_key_check(c, fd, sa.key);
-	if (kc == 0) {
-		atomic_store(&z->reading, 0);
-		sdp_zc_publish(c, reading, reading);
-		sdp_log(0, "SrcAvail %u names process %d, which does not hold "
-			"this connection: connection aborted", sa.id, (int)sa.key);
-		sdp_conn_abort(c, ECONNRESET);
-		return -ECONNRESET;
-	}
-	ssize_t got;
-	if (kc < 0) {
-		got = -1;                     /* cannot verify: refuse */
-		errno = EPERM;
-	} else if (bounce) {
-		/* Below the threshold: read into our buffer, then copy. */
-		char tmp[16384];
-		size_t done = 0;
-		while (done < n) {
-			size_t k = n - done < sizeof tmp ? n - done : sizeof tmp;
-			struct iovec l = { tmp, k };
-			ssize_t g = ep->ops->rdma_read(ep, &l, 1, sa.addr + off + done,
-						       k, (uint64_t)sa.key);
-			if (g <= 0) {
-				if (done)
-					break;    /* keep what was copied */
-				got = -1;
-				errno = g < 0 ? (int)-g : EIO;
-				goto failed;
-			}
-			iov_scatter(iov, iovcnt, copied + done, tmp, (size_t)g);
-			done += (size_t)g;
-			if ((size_t)g < k)
-				break;            /* partial: progress so far */
-		}
-		n = done;
-		got = (ssize_t)n;
+	if (rc->peek || rc->idx) {
+		rc->idx++;
 	} else {
-		struct iovec lv[64];
-		int ln = iov_slice(iov, iovcnt, copied, n, lv, 64);
-		size_t cap = 0;
-		for (int i = 0; i < ln; i++)
-			cap += lv[i].iov_len;
-		n = cap < n ? cap : n;
-		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
-		if (got < 0) {
-			errno = (int)-got;
-			got = -1;
-		}
-		if (got > 0 && (size_t)got < n)
-			n = (size_t)got;      /* a partial copy is progress */
+		rc->c->peer_mode = (uint8_t)mc.mode;
+		rx_release(rc->c, rc->fd);
 	}
-	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek) {
-		/* The kernel will not let us read the source: refuse; it
-		 * revokes its SrcAvails and sends by Buffer Copy instead. */
-		int e = errno;
-		atomic_store(&z->reading, 0);
-		atomic_store(&z->adv_max, 0);
-		atomic_store(&c->cma, -e);
-		sdp_zc_publish(c, adv_max, reading);
-		atomic_store(&z->refused, 1);
-		sdp_zc_publish(c, refused, refused);
-		errno = e;
-		ep->ops->kick(ep, fd, FAB_WAIT_ZC | FAB_WAIT_CREDIT);
-		sdp_log(1, "RDMA Read refused (%s): Buffer Copy from now on",
-			strerror(errno));
-		return -EAGAIN;
-	}
-	if (got != (ssize_t)n) {
-failed:
-		atomic_store(&z->reading, 0);
-		sdp_zc_publish(c, reading, reading);
-		sdp_log(0, "RDMA Read of SrcAvail %u failed (%s): connection aborted",
-			sa.id, got < 0 ? strerror(errno) : "short read");
+	rc->off = 0;
+	return RX_MORE;
+}
+
+/* Stream bytes in the ring: copy them out. */
+static int rx_on_data(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
+{
+	struct sdp_conn *c = rc->c;
+	int r = rx_sink_settle(rc, h->mid, false);
+	if (r)
+		return r;
+	uint32_t plen = h->len - (uint32_t)sizeof *h;
+	if (rc->off > plen) {                 /* cannot happen unless corrupted */
+		sdp_log(0, "receive position beyond its message: connection aborted");
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
-	if (!peek) {
-		atomic_fetch_add(&z->rd_bytes, n);
-		if (off + n == sa.len) {
-			*whole = true;
-			c->rx_src_id = sa.id;
-			atomic_store(&z->rd_done, sa.id);
+	size_t n = plen - rc->off;
+	if (n > rc->total - rc->copied)
+		n = rc->total - rc->copied;
+	iov_scatter(rc->iov, rc->iovcnt, rc->copied, pl + rc->off, n);
+	rc->copied += n;
+	if (rc->peek) {
+		rc->idx++;
+		rc->off = 0;
+	} else {
+		c->rx_stream += n;
+		c->st.rx_bcopy_bytes += n;
+		if (rc->off + n == plen) {
+			c->rx_off = 0;
+			rc->off = 0;
+			rx_release(c, rc->fd);
+		} else {
+			c->rx_off = rc->off + (uint32_t)n;   /* the buffer is full */
 		}
-		sdp_zc_publish(c, rd_done, rd_bytes);
-		c->st.rx_rzcopy_bytes += n;
-	} else if (off + n == sa.len) {
-		*whole = true;
 	}
-	atomic_store(&z->reading, 0);         /* after rd_bytes is published */
-	sdp_zc_publish(c, reading, reading);
-	if (!peek)
-		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
-	return (ssize_t)n;
+	return rc->copied == rc->total ? 0 : RX_MORE;
 }
 
-
-/* Offer the application's buffer as a SinkAvail (Write ZCopy). */
-static bool sink_offer(struct sdp_conn *c, int fd, const struct iovec *iov,
-		       int iovcnt, size_t copied, size_t room)
+/* Walk the ring from (rc->idx, rc->off) until the buffer is full, nothing
+ * more is queued (-EAGAIN) or a handler stops. */
+static int rx_walk(struct rx_call *rc)
 {
-	struct fab_ep *ep = &c->ep;
-	struct iovec v;
-	if (iov_slice(iov, iovcnt, copied, room, &v, 1) != 1)
-		return false;
-	struct sdp_zctl *z = sdp_zc_me(c);
-	if (atomic_load(&z->adv_max) == 0 ||
-	    v.iov_len < atomic_load(&c->zcopy_thresh))
-		return false;                 /* the peer may not write into us */
-	z->sink_addr = (uint64_t)(uintptr_t)v.iov_base;
-	z->sink_len = v.iov_len > (1u << 30) ? (1u << 30) : (uint32_t)v.iov_len;
-	z->sink_pos = c->rx_stream;
-	atomic_store(&z->pid, (int32_t)sdp_pid);
-	atomic_store(&z->sink_id, ++c->sink_id);
-	sdp_zc_publish(c, sink_id, pid);
-	atomic_store_explicit(&z->sink_state, SDP_SINK_OFFERED, memory_order_release);
-	sdp_zc_publish(c, sink_state, sink_state);
-	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
-	return true;
-}
-
-/* Withdraw our offer; false if the source has taken it (its RdmaWrCompl
- * is then on its way and must be read). */
-static bool sink_withdraw(struct sdp_conn *c)
-{
-	uint32_t st = c->ep.ops->zc_cas(&c->ep, FAB_OURS,
-					offsetof(struct sdp_zctl, sink_state),
-					SDP_SINK_OFFERED, SDP_SINK_WITHDRAWN);
-	return st != SDP_SINK_TAKEN;          /* withdrawn now, or never taken */
-}
-
-static void ack_cancel_locked(struct sdp_conn *c, int fd)
-{
-	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
-	uint32_t cid = atomic_load(&pz->cancel_id);
-	if (cid && atomic_load(&z->cancel_ack) != cid) {
-		atomic_store(&z->cancel_ack, cid);
-		sdp_zc_publish(c, cancel_ack, cancel_ack);
-		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
+	for (;;) {
+		struct sdp_bsdh h;
+		const char *pl;
+		int r = rx_hdr(rc->c, rc->idx, &h, &pl);
+		if (r)
+			return r;
+		switch (h.mid) {
+		case SDP_MID_DATA:          r = rx_on_data(rc, &h, pl); break;
+		case SDP_MID_SRC_AVAIL:     r = rx_on_srcavail(rc, &h, pl); break;
+		case SDP_MID_RDMA_WR_COMPL: r = rx_on_wrcompl(rc, &h, pl); break;
+		case SDP_MID_MODE_CHANGE:   r = rx_on_modechange(rc, &h, pl); break;
+		case SDP_MID_DISCONN:       r = rx_on_disconn(rc, &h, pl); break;
+		case SDP_MID_ABORT:         r = rx_on_abort(rc, &h, pl); break;
+		default:                    r = -ECONNRESET; break;   /* rx_hdr let it by */
+		}
+		if (r != RX_MORE)
+			return r;
 	}
 }
 
 ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags)
 {
-	size_t total = 0;
-	for (int i = 0; i < iovcnt; i++)
-		total += iov[i].iov_len;
+	size_t total = iov_total(iov, iovcnt);
 	bool peek = flags & MSG_PEEK;
 	bool waitall = (flags & MSG_WAITALL) && !peek;
 	bool nonblock = (flags & MSG_DONTWAIT) || atomic_load(&c->nonblock);
@@ -337,167 +224,34 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		return r;
 	if (atomic_load_explicit(&c->zcopy_thresh, memory_order_relaxed))
 		zc_probe(c, fd);                  /* so that the peer may advertise */
-	size_t copied = 0;
-	r = 0;
+	uint32_t thresh = atomic_load(&c->zcopy_thresh);
+	struct rx_call rc = {
+		.c = c, .fd = fd, .iov = iov, .iovcnt = iovcnt, .total = total,
+		.peek = peek, .thresh = thresh, .bounce = !thresh || total < thresh,
+	};
 	/* SO_RCVLOWAT: a blocking recv returns once this much is copied. */
 	size_t lowat = atomic_load(&c->rcvlowat);
 	if (lowat < 1)
 		lowat = 1;
 	if (lowat > total)
 		lowat = total;
-	bool offered = false;                 /* a SinkAvail of ours is out */
-	uint32_t thresh = atomic_load(&c->zcopy_thresh);
-	bool bounce = !thresh || total < thresh;
-	while (copied < total || (total == 0 && !data_pending(c))) {
+	r = 0;
+	while (rc.copied < total || (total == 0 && !data_pending(c))) {
 		/* Our side froze for a fallback (maybe another thread): what
 		 * is still in the ring is re-sent by the peer on TCP. */
 		if (sdp_marked(c, FAB_MY(FAB_M_FB)) || atomic_load(&c->fb_done)) {
-			r = copied ? 0 : -SDP_EFALLBACK;
+			r = rc.copied ? 0 : -SDP_EFALLBACK;
 			break;
 		}
-		ack_cancel_locked(c, fd);
-		uint32_t idx = 0, off = c->rx_off;
-		for (;;) {
-			struct sdp_bsdh h;
-			const char *pl;
-			r = rx_hdr(c, idx, &h, &pl);
-			if (r)
-				break;
-			if (h.mid == SDP_MID_ABORT) {
-				/* Everything before it was read: now the reset. */
-				atomic_store(&c->state, SDP_ST_RESET);
-				r = -EAGAIN;
-				break;
-			}
-			if (h.mid == SDP_MID_DISCONN) {
-				if (!peek && copied == 0) {
-					rx_release(c, fd);
-					atomic_store(&c->rx_eof, 1);
-				}
-				r = -EAGAIN;      /* stop: EOF after what we have */
-				break;
-			}
-			if (h.mid == SDP_MID_MODE_CHANGE) {
-				struct sdp_modechange mc;
-				memcpy(&mc, pl, sizeof mc);
-				if (mc.mode > SDP_MODE_PIPELINED) {
-					sdp_conn_abort(c, ECONNRESET);
-					r = -ECONNRESET;
-					break;
-				}
-				if (peek || idx) {
-					idx++;
-				} else {
-					c->peer_mode = (uint8_t)mc.mode;
-					rx_release(c, fd);
-				}
-				off = 0;
-				continue;
-			}
-			if (h.mid == SDP_MID_RDMA_WR_COMPL) {
-				/* The source wrote into our SinkAvail buffer. */
-				struct sdp_wrcompl wc;
-				memcpy(&wc, pl, sizeof wc);
-				struct sdp_zctl *z = sdp_zc_me(c);
-				if (!offered || idx || wc.id != c->sink_id ||
-				    atomic_load(&z->sink_state) != SDP_SINK_TAKEN ||
-				    wc.len > z->sink_len || copied + wc.len > total) {
-					sdp_log(0, "unexpected RdmaWrCompl: connection aborted");
-					sdp_conn_abort(c, ECONNRESET);
-					r = -ECONNRESET;
-					break;
-				}
-				atomic_store(&z->sink_state, SDP_SINK_NONE);
-				sdp_zc_publish(c, sink_state, sink_state);
-				offered = false;
-				copied += wc.len;
-				c->rx_stream += wc.len;
-				c->st.rx_wzcopy_bytes += wc.len;
-				rx_release(c, fd);
-				off = 0;
-				if (copied == total)
-					break;
-				continue;
-			}
-			/* A SrcAvail revoked before the source took our offer
-			 * may come before its RdmaWrCompl: skip it below. */
-			bool revoked = h.mid == SDP_MID_SRC_AVAIL && srcavail_revoked(c, pl);
-			if (offered && !revoked && !sink_withdraw(c)) {
-				/* Taken, so its RdmaWrCompl comes first: protocol
-				 * violation to see data here. */
-				sdp_log(0, "message %u before the RdmaWrCompl of a "
-					"taken SinkAvail: connection aborted", h.mid);
-				sdp_conn_abort(c, ECONNRESET);
-				r = -ECONNRESET;
-				break;
-			}
-			if (!revoked)
-				offered = false;
-			if (h.mid == SDP_MID_SRC_AVAIL) {
-				bool whole;
-				ssize_t n = rx_srcavail(c, fd, pl, off, iov, iovcnt, copied,
-							total - copied, peek, bounce, &whole);
-				if (n == -EAGAIN) {
-					r = -EAGAIN;  /* refused: wait for the revocation */
-					break;
-				}
-				if (n < 0) {
-					r = (int)n;
-					break;
-				}
-				copied += (size_t)n;
-				if (!peek)
-					c->rx_stream += (uint64_t)n;
-				if (whole) {
-					if (peek) {
-						idx++;
-					} else {
-						c->rx_off = 0;
-						rx_release(c, fd);
-					}
-					off = 0;
-				} else {
-					if (!peek)
-						c->rx_off = off + (uint32_t)n;
-					off += (uint32_t)n;
-				}
-				if (copied == total)
-					break;
-				continue;
-			}
-			uint32_t plen = h.len - (uint32_t)sizeof h;
-			if (off > plen) {         /* cannot happen unless corrupted */
-				sdp_conn_abort(c, ECONNRESET);
-				r = -ECONNRESET;
-				break;
-			}
-			size_t n = plen - off;
-			if (n > total - copied)
-				n = total - copied;
-			iov_scatter(iov, iovcnt, copied, pl + off, n);
-			copied += n;
-			if (peek) {
-				idx++;
-				off = 0;
-			} else {
-				c->rx_stream += n;
-				c->st.rx_bcopy_bytes += n;
-				if (off + n == plen) {
-					c->rx_off = 0;
-					off = 0;
-					rx_release(c, fd);
-				} else {
-					c->rx_off = off + (uint32_t)n;
-				}
-			}
-			if (copied == total)
-				break;
-		}
+		rx_ack_cancel(c, fd);
+		rc.idx = 0;
+		rc.off = c->rx_off;
+		r = rx_walk(&rc);
 		if (r == -ECONNRESET)
 			break;
-		if (copied == total && total)
+		if (rc.copied == total && total)
 			{ r = 0; break; }
-		if (copied && !waitall && (copied >= lowat || nonblock))
+		if (rc.copied && !waitall && (rc.copied >= lowat || nonblock))
 			{ r = 0; break; }
 		int end = rx_end_state(c);
 		if (end <= 0) {
@@ -510,90 +264,29 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = -EAGAIN;
 			break;
 		}
-		/* About to wait with nothing queued: if the receiver is the one
-		 * waiting, let the source write straight into our buffer. But
-		 * spin first: a streaming source advertises its next buffer
-		 * right after our read completed its send, and reading that
-		 * keeps every copy on this CPU. Offered at once, the buffer is
-		 * written by the source's CPU now and then, and its cache
-		 * lines move between the CPUs with every switch of direction.
-		 * (Sharing one CPU with the source, the spin ends at once.) */
-		if (!offered && !peek && total - copied >= thresh &&
-		    c->ep.ops->rx_pending(&c->ep) == 0 &&
-		    zc_usable(c, fd, total - copied, false)) {
-			r = sdp_spin(c, FAB_WAIT_RX, &c->rx_lock);
-			if (r < 0)
-				break;
-			if (r > 0)
-				continue;         /* something came: take it */
-			offered = sink_offer(c, fd, iov, iovcnt, copied, total - copied);
-		}
+		r = rx_sink_before_wait(&rc);
+		if (r < 0)
+			break;
+		if (r > 0)
+			continue;                 /* something came: take it */
 		r = sdp_wait(c, fd, FAB_WAIT_RX,
-			     SDP_WAIT_RCVTIMEO | (copied ? SDP_WAIT_PARTIAL : 0),
+			     SDP_WAIT_RCVTIMEO | (rc.copied ? SDP_WAIT_PARTIAL : 0),
 			     &c->rx_lock);
 		if (r)
 			break;
 	}
-	if (offered && !sink_withdraw(c)) {
-		/* The source is writing into our buffer now: take its
-		 * RdmaWrCompl, which it posts right after the write. */
-		uint64_t deadline = sdp_now_ns() + 2000000000ull;
-		for (;;) {
-			struct sdp_bsdh h;
-			const char *pl;
-			int hr = rx_hdr(c, 0, &h, &pl);
-			if (hr == 0 && ((h.mid == SDP_MID_SRC_AVAIL && srcavail_revoked(c, pl)) ||
-					h.mid == SDP_MID_MODE_CHANGE)) {
-				/* Posted before the source took our buffer:
-				 * no stream bytes, consume and look again. */
-				if (h.mid == SDP_MID_SRC_AVAIL) {
-					bool whole = false;
-					rx_srcavail(c, fd, pl, 0, iov, iovcnt, copied, 0,
-						    false, false, &whole);
-				} else {
-					struct sdp_modechange mc;
-					memcpy(&mc, pl, sizeof mc);
-					if (mc.mode <= SDP_MODE_PIPELINED)
-						c->peer_mode = (uint8_t)mc.mode;
-				}
-				c->rx_off = 0;
-				rx_release(c, fd);
-				continue;
-			}
-			if (hr == 0 && h.mid == SDP_MID_RDMA_WR_COMPL) {
-				struct sdp_wrcompl wc;
-				memcpy(&wc, pl, sizeof wc);
-				if (wc.id == c->sink_id && copied + wc.len <= total) {
-					copied += wc.len;
-					c->rx_stream += wc.len;
-					c->st.rx_wzcopy_bytes += wc.len;
-					rx_release(c, fd);
-					r = 0;
-				}
-				atomic_store(&sdp_zc_me(c)->sink_state, SDP_SINK_NONE);
-				sdp_zc_publish(c, sink_state, sink_state);
-				break;
-			}
-			if (sdp_now_ns() > deadline || sdp_is_reset(c)) {
-				if (!sdp_is_reset(c))
-					sdp_log(0, "no RdmaWrCompl for a taken SinkAvail "
-						"(head message %d): connection aborted",
-						hr == 0 ? (int)h.mid : -1);
-				sdp_conn_abort(c, ECONNRESET);
-				break;
-			}
-			sdp_cpu_relax();
-		}
-	}
+	r = rx_sink_end(&rc, r);
 	if (!peek)
-		c->st.rx_bytes += copied;
+		c->st.rx_bytes += rc.copied;
 	sdp_unlock(&c->rx_lock);
 	if (!peek)
-		sdp_proc_bytes(0, copied);
-	if (copied)
-		return (ssize_t)copied;
+		sdp_proc_bytes(0, rc.copied);
+	if (rc.copied)
+		return (ssize_t)rc.copied;
 	return r;
 }
+
+/* ---- outside recv: FIONREAD, readiness ---------------------------------- */
 
 /* Lock-free on purpose (a reader may be asleep in recv): a snapshot. */
 int sdp_fionread(struct sdp_conn *c)

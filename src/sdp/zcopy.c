@@ -439,21 +439,3 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	sent += bdone;                        /* queued only after all was read */
 	return sent ? (ssize_t)sent : err;
 }
-
-/* ---- sink: answer cancels ----------------------------------------------------- */
-
-void zc_ack_cancel(struct sdp_conn *c, int fd)
-{
-	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
-	uint32_t cid = atomic_load(&pz->cancel_id);
-	if (!cid || atomic_load(&z->cancel_ack) == cid)
-		return;
-	/* Reads happen under rx_lock: holding it, none is in flight. */
-	if (pthread_mutex_trylock(&c->rx_lock) != 0)
-		return;                       /* the reader will answer */
-	atomic_store(&z->cancel_ack, cid);
-	sdp_zc_publish(c, cancel_ack, cancel_ack);
-	pthread_mutex_unlock(&c->rx_lock);
-	ep->ops->kick(ep, fd, FAB_WAIT_ZC);
-}
