@@ -202,10 +202,7 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 	/* The local side of the copy: our iovec from stream offset off. */
 	struct iovec lv[64];
 	int ln = iov_slice(iov, iovcnt, off, n, lv, 64);
-	size_t have = 0;
-	for (int i = 0; i < ln; i++)
-		have += lv[i].iov_len;
-	n = have;
+	n = iov_total(lv, ln);
 	ssize_t w = zc_rdma(c, true, lv, ln, pz->sink_addr, n, (uint64_t)sink);
 	if (w < 0) {
 		sdp_log(1, "Write ZCopy refused (%s): Buffer Copy from now on",
@@ -346,23 +343,19 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 				continue;     /* re-check the credits */
 			}
 			/* One SrcAvail is contiguous: stay in one iovec element. */
-			size_t skip = off + advertised;
-			int i = 0;
-			while (i < iovcnt && skip >= iov[i].iov_len)
-				skip -= iov[i++].iov_len;
-			size_t n = iov[i].iov_len - skip;
-			if (n > zlen - advertised)
-				n = zlen - advertised;
-			if (n > chunk)
-				n = chunk;
+			struct iovec v;
+			if (iov_slice(iov, iovcnt, off + advertised, zlen - advertised,
+				      &v, 1) != 1)
+				break;            /* cannot happen: zlen is within the iovec */
+			size_t n = v.iov_len < chunk ? v.iov_len : chunk;
 			struct sdp_srcavail sa = {
 				.id = ++c->src_id,
 				.len = (uint32_t)n,
-				.addr = (uint64_t)(uintptr_t)((char *)iov[i].iov_base + skip),
+				.addr = (uint64_t)(uintptr_t)v.iov_base,
 				.key = (int32_t)sdp_pid,
 			};
-			struct iovec v = { &sa, sizeof sa };
-			sdp_post_msg(c, fd, SDP_MID_SRC_AVAIL, &v, 1, 0, sizeof sa);
+			struct iovec sv = { &sa, sizeof sa };
+			sdp_post_msg(c, fd, SDP_MID_SRC_AVAIL, &sv, 1, 0, sizeof sa);
 			last_id = sa.id;
 			advertised += n;
 			c->tx_stream += n;
@@ -412,8 +405,8 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	}
 	if (err && last_id >= first_id && atomic_load(&pz->rd_done) < last_id &&
 	    !sdp_is_reset(c) && !atomic_load(&c->peer_gone)) {
-		/* Interrupted, timed out or refused: revoke what was not read. */
-		/* Interrupted (signal, SO_SNDTIMEO): revoke what was not read. */
+		/* Interrupted (a signal, SO_SNDTIMEO) or refused: revoke what
+		 * was not read. */
 		uint32_t from = atomic_load(&pz->rd_done) + 1;
 		if (from < first_id)
 			from = first_id;

@@ -135,9 +135,7 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	} else {
 		struct iovec lv[64];
 		int ln = iov_slice(iov, iovcnt, copied, n, lv, 64);
-		size_t cap = 0;
-		for (int i = 0; i < ln; i++)
-			cap += lv[i].iov_len;
+		size_t cap = iov_total(lv, ln);
 		n = cap < n ? cap : n;
 		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
 		if (got < 0) {
