@@ -119,7 +119,9 @@ void sdp_conn_free(struct sdp_conn *c);
 void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
 void sdp_proc_region(int accepting, bool reused);
 void sdp_proc_bytes(uint64_t tx, uint64_t rx);
-void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
+void sdp_proc_note_socket(void);                 /* a TCP listener or connection */
+void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit, if
+						     the process had sockets */
 int  sdp_lock(pthread_mutex_t *m);
 void sdp_unlock(pthread_mutex_t *m);
 

@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -115,15 +116,23 @@ EXPORT int listen(int fd, int backlog)
 	union sdp_addr a;
 	socklen_t len = sizeof a;
 	struct sdp_listener *l = NULL;
+	char why[300] = "cannot read the listening address";
+	sdp_why_take();
 	if (sys_getsockname(fd, &a, &len) == 0 &&
-	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP) {
+	    sdp_decide_why(SDP_ROLE_SERVER, &a.sa, len, why, sizeof why) != SDP_USE_TCP) {
 		int e = sdp_listener_open(fd, &l);
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : e < 0 ? strerror(-e) : "no rendezvous");
 		if (e < 0)
-			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
+			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, why);
 	}
 	fd_set_listen(fd, l);
+	sdp_proc_note_socket();
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
-	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
+	if (l)
+		sdp_log(2, "listen fd %d: SDP offered", fd);
+	else
+		sdp_log(2, "listen fd %d: TCP only (%s)", fd, why);
 	return r;
 }
 
@@ -135,8 +144,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return real_connect(fd, addr, len);
 	struct sdp_conn *c = NULL;
 	struct sdp_connect_state cs = { 0 };
-	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
+	char why[300];
+	sdp_why_take();
+	if (sdp_decide_why(SDP_ROLE_CLIENT, addr, len, why, sizeof why) != SDP_USE_TCP) {
 		c = sdp_hello_connect(fd, addr, len, &cs);
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : "no SDP listener serves the destination");
+	}
 	int r, e;
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a
@@ -159,6 +173,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
 			sdp_proc_count(0, 1);
 			epoll_drop_pending(fd);
+			sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
 		}
 		errno = e;
 		return r;
@@ -202,6 +217,7 @@ static int after_accept(int lfd, int nfd, int flags)
 		return nfd;
 	}
 	int refuse = 0;
+	sdp_why_take();
 	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse) : NULL;
 	if (refuse) {
 		refuse_conn(lfd, nfd, refuse);
@@ -221,7 +237,11 @@ static int after_accept(int lfd, int nfd, int flags)
 	} else {
 		fd_set_tcp(nfd, SDP_ROLE_SERVER);
 		sdp_proc_count(0, 1);
-		sdp_log(2, "accept fd %d -> %d: TCP", lfd, nfd);
+		const char *w = sdp_why_take();
+		sdp_log(2, "accept fd %d -> %d: TCP (%s)", lfd, nfd,
+			k != FDK_LISTEN ? "listen() was not seen on this socket" :
+			!e->l ? "the listener offers TCP only, see its listen line" :
+			w ? w : "the client sent no hello: not an SDP client");
 	}
 	return nfd;
 }
@@ -289,7 +309,7 @@ static bool vfork_dup(int o)
 		return false;
 	struct sdp_conn *c = fd_conn(o);
 	if (c)
-		fd_fallback(o, c);
+		fd_fallback_for(o, c, "a vfork child gives it to the program it runs");
 	return true;
 }
 
