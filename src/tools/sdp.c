@@ -8,8 +8,6 @@
  *
  * Unknown options are refused with the usage (exit 2) by every command.
  */
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
