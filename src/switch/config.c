@@ -200,13 +200,19 @@ static void do_init(void)
 	/* Copy routine for stream bytes: a name of copy.c, or "auto" (the
 	 * default): the fastest measured on this host (calib.c). */
 	const char *cp = getenv("SDP_COPY");
+	unsigned long cp_line = 0;            /* > 0: from that line of the policy */
 	if ((!cp || !*cp) && policy)
-		sdp_policy_setting(policy, "copy", &cp);
+		sdp_policy_setting_at(policy, "copy", &cp, &cp_line);
 	if (!cp || !*cp || !strcmp(cp, "auto"))
 		sdp_tun.copy_auto = 1;        /* chosen at the first connection */
 	else if (!sdp_copy_use(cp)) {
-		sdp_logf("SDP_COPY=%s: unknown or not supported by this CPU; "
-			 "choosing automatically", cp);
+		if (cp_line)
+			sdp_logf("%s:%lu: set copy %s: unknown or not supported by this "
+				 "CPU; choosing automatically", sdp_policy_file(policy),
+				 cp_line, cp);
+		else
+			sdp_logf("SDP_COPY=%s: unknown or not supported by this CPU; "
+				 "choosing automatically", cp);
 		sdp_tun.copy_auto = 1;
 	}
 	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;

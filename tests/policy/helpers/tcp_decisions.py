@@ -51,7 +51,7 @@ while len(got) < 5:
 s.settimeout(None)
 s.sendall(b"ok:" + got)
 '''
-f = subprocess.Popen([sys.executable, "-c", FOLLOW, str(ps)])
+f = subprocess.Popen([sys.executable, "-c", FOLLOW, str(ps)], stdout=subprocess.PIPE, text=True)
 a3, _ = ls.accept()
 print("exec-before", T(a3), flush=True)
 subprocess.run([sys.executable, "-c", "import socket,sys; socket.socket(fileno=int(sys.argv[1])).sendall(b'hello')",
@@ -63,4 +63,6 @@ while len(got) < 8:
     if not b:
         break
     got += b
-print("exec-after", got.decode(), T(a3), f.wait(timeout=30), flush=True)
+fout = f.communicate(timeout=30)[0]      # its own pipe: lines do not interleave
+print(fout.strip(), flush=True)
+print("exec-after", got.decode(), T(a3), f.returncode, flush=True)
