@@ -3,17 +3,22 @@
  * of this host, read from outside the processes.
  *
  * Every process running libsdp keeps its connection pool in a memfd named
- * "sdp-pool" (sdp/pool.h). One walk over /proc/PID/fd finds the pools and,
- * in the same pass, every socket's inode -> (pid, fd); a connection record
- * names its TCP socket by inode, so each is placed with one lookup.
+ * "sdp-pool" (sdp/pool.h). One walk over /proc/PID/fd finds which process
+ * holds which pool and, in the same pass, every socket's inode -> (pid,
+ * fd); a connection record names its TCP socket by inode, so each is
+ * placed with one lookup.
  *
  * A pool is another process's memory - possibly another user's (root sees
  * everyone's), possibly forged, possibly changing while it is read. It is
  * never mapped: it is copied with pread (a file that shrinks gives short
- * reads, never SIGBUS), its header is checked against the file's size
- * before any offset is used, records are copied one chunk at a time and
- * used only from the copy, and strings are bounded and escaped. A pool
- * that fails a check is skipped with a note on stderr.
+ * reads, never SIGBUS; holes are skipped, not read), its header is checked
+ * against the file's size before any count or offset is used, records are
+ * copied a chunk at a time and judged on the copy, and only records that
+ * name a holder of the pool (a process) or a socket a holder has (a
+ * connection, once) are kept - so what a pool claims cannot make sdp stat
+ * read, keep or print more than the holders' own sockets. Strings are
+ * bounded and escaped. A pool that fails a check is skipped with a note
+ * on stderr.
  */
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -30,21 +35,21 @@
 #include "sdp/pool.h"
 #include "tools/tool.h"
 
-#define POOL_MAX_BYTES  (1ull << 30)     /* larger "pools" are not ours */
-#define POOL_MAX_PROCS  (1u << 16)       /* bounds on counts in a header */
-#define POOL_MAX_CONNS  (1u << 22)
+/* Bounds on what a header may claim: a pool of this libsdp is
+ * sdp_pool_size() bytes with SDP_POOL_PROCS and SDP_POOL_CONNS records. */
+#define POOL_MAX_BYTES  (2 * sdp_pool_size())
 #define CHUNK           256              /* records copied per pread */
 
 struct pool {                /* a pool found (and checked, unless bad) */
 	dev_t dev;
 	ino_t ino;
 	bool bad;                /* failed a check: ignored */
-	struct sdp_proc *procs;  /* copies of its records in use */
+	struct sdp_proc *procs;  /* copies of the records sdp stat lists */
 	struct sdp_conn *conns;
 	uint32_t nprocs, nconns;
 };
 
-struct holder { int pid; int pool; };                   /* pid holds pool */
+struct holder { int pid, fd, pool; };      /* pid's descriptor fd is pool */
 struct sockent { unsigned long long ino; int pid, fd; }; /* socket:[ino] */
 
 struct scan {
@@ -53,8 +58,9 @@ struct scan {
 	int npools, cap_pools;
 	struct holder *holders;
 	int nholders, cap_holders;
-	struct sockent *socks;
+	struct sockent *socks;   /* sockets of pool holders, sorted by inode */
 	size_t nsocks, cap_socks;
+	bool *claimed;           /* per socket: a record of this pool names it */
 };
 
 static void *grow(void *p, size_t n, int *cap, size_t size)
@@ -81,9 +87,15 @@ static bool is_num(const char *s)
 	return true;
 }
 
-/* Read exactly n bytes at off; a short file reads as zeros. -1 on error. */
+/* Read exactly n bytes at off; what the file does not have (beyond its
+ * end, or holes: skipped without reading) reads as zeros. -1 on error. */
 static int pread_all(int fd, void *buf, size_t n, uint64_t off)
 {
+	off_t d = lseek(fd, (off_t)off, SEEK_DATA);
+	if ((d < 0 && errno == ENXIO) || (d >= 0 && (uint64_t)d >= off + n)) {
+		memset(buf, 0, n);       /* a hole: never written */
+		return 0;
+	}
 	size_t got = 0;
 	while (got < n) {
 		ssize_t r = pread(fd, (char *)buf + got, n - got, (off_t)(off + got));
@@ -118,7 +130,7 @@ static const char *pool_check(const struct sdp_pool_hdr *h, uint64_t len)
 		return "another version of libsdp";
 	if (h->conn_size != sizeof(struct sdp_conn))
 		return "record size differs from this sdp's";
-	if (h->nprocs > POOL_MAX_PROCS || h->nconns > POOL_MAX_CONNS)
+	if (h->nprocs > SDP_POOL_PROCS || h->nconns > SDP_POOL_CONNS)
 		return "record counts out of range";
 	if (!range_ok(h->procs_off, h->nprocs, sizeof(struct sdp_proc), len,
 		      _Alignof(struct sdp_proc)))
@@ -133,77 +145,142 @@ static const char *pool_check(const struct sdp_pool_hdr *h, uint64_t len)
 	return NULL;
 }
 
-/* Copy the records of a checked pool that are in use: processes with a
- * pid, or connections in a state sdp stat lists. Records are read in
- * chunks and judged on the copy only. */
-static int copy_records(struct pool *p, int fd, const struct sdp_pool_hdr *h,
-			bool want_procs)
+static bool holds_pool(const struct scan *s, int pid, int k)
 {
-	size_t size = want_procs ? sizeof(struct sdp_proc) : sizeof(struct sdp_conn);
-	uint32_t total = want_procs ? h->nprocs : h->nconns;
-	uint64_t off = want_procs ? h->procs_off : h->conns_off;
-	char *chunk = malloc(CHUNK * size), *keep = NULL;
+	for (int u = 0; u < s->nholders; u++)
+		if (s->holders[u].pid == pid && s->holders[u].pool == k)
+			return true;
+	return false;
+}
+
+/* First index of ino in the sorted socket table, or nsocks. */
+static size_t sock_find(const struct scan *s, unsigned long long ino)
+{
+	size_t lo = 0, hi = s->nsocks;
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if (s->socks[mid].ino < ino)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo < s->nsocks && s->socks[lo].ino == ino ? lo : s->nsocks;
+}
+
+/* Is this record one sdp stat lists for pool k? Processes: a pid that
+ * holds the pool, once. Connections: in use, and naming a socket one of
+ * the pool's holders has, which no earlier record of the pool named. So
+ * what is kept is bounded by the holders and their sockets, whatever the
+ * pool claims. */
+static bool wanted(struct scan *s, int k, const void *r, size_t *claims,
+		   size_t *nclaims)
+{
+	if (s->want_procs) {
+		int pid = atomic_load(&((const struct sdp_proc *)r)->pid);
+		const struct pool *p = &s->pools[k];
+		if (pid <= 0 || !holds_pool(s, pid, k))
+			return false;
+		for (uint32_t i = 0; i < p->nprocs; i++)
+			if (atomic_load(&p->procs[i].pid) == pid)
+				return false;
+		return true;
+	}
+	const struct sdp_conn *c = r;
+	uint32_t st = atomic_load(&c->state);
+	if (!atomic_load(&c->inuse) || st == SDP_ST_FREE || st == SDP_ST_CLOSED)
+		return false;
+	bool any = false;
+	for (size_t x = sock_find(s, c->tcp_ino);
+	     x < s->nsocks && s->socks[x].ino == c->tcp_ino; x++) {
+		if (s->claimed[x] || !holds_pool(s, s->socks[x].pid, k))
+			continue;
+		s->claimed[x] = true;
+		claims[(*nclaims)++] = x;
+		any = true;
+	}
+	return any;
+}
+
+/* Copy the records of pool k that sdp stat lists. Records are read in
+ * chunks and judged on the copy only. */
+static void copy_records(struct scan *s, int k, int fd, const struct sdp_pool_hdr *h)
+{
+	struct pool *p = &s->pools[k];
+	bool procs = s->want_procs;
+	size_t size = procs ? sizeof(struct sdp_proc) : sizeof(struct sdp_conn);
+	uint32_t total = procs ? h->nprocs : h->nconns;
+	uint64_t off = procs ? h->procs_off : h->conns_off;
+	char *chunk = malloc(CHUNK * size);
+	size_t *claims = malloc((s->nsocks + 1) * sizeof *claims), nclaims = 0;
+	char *keep = NULL;
 	uint32_t nkeep = 0, cap = 0;
-	if (!chunk)
-		return -1;
+	if (!chunk || !claims) {
+		fprintf(stderr, "sdp stat: out of memory\n");
+		exit(1);
+	}
 	for (uint32_t i0 = 0; i0 < total; i0 += CHUNK) {
 		uint32_t n = total - i0 < CHUNK ? total - i0 : CHUNK;
 		if (pread_all(fd, chunk, n * size, off + (uint64_t)i0 * size) < 0)
 			break;
 		for (uint32_t i = 0; i < n; i++) {
 			const char *r = chunk + (size_t)i * size;
-			if (want_procs) {
-				if (atomic_load(&((const struct sdp_proc *)r)->pid) <= 0)
-					continue;
-			} else {
-				const struct sdp_conn *c = (const void *)r;
-				uint32_t st = atomic_load(&c->state);
-				if (!atomic_load(&c->inuse) || st == SDP_ST_FREE ||
-				    st == SDP_ST_CLOSED)
-					continue;
-			}
+			if (!wanted(s, k, r, claims, &nclaims))
+				continue;
 			if (nkeep == cap) {
 				cap = cap ? cap * 2 : 64;
-				char *nk = realloc(keep, (size_t)cap * size);
-				if (!nk)
-					break;
-				keep = nk;
+				keep = realloc(keep, (size_t)cap * size);
+				if (!keep) {
+					fprintf(stderr, "sdp stat: out of memory\n");
+					exit(1);
+				}
 			}
 			memcpy(keep + (size_t)nkeep++ * size, r, size);
+			if (procs) {          /* wanted() looks for a pid kept already */
+				p->procs = (void *)keep;
+				p->nprocs = nkeep;
+			}
 		}
 	}
+	for (size_t i = 0; i < nclaims; i++)
+		s->claimed[claims[i]] = false;
+	free(claims);
 	free(chunk);
-	if (want_procs) {
+	if (procs) {
 		p->procs = (void *)keep;
 		p->nprocs = nkeep;
 	} else {
 		p->conns = (void *)keep;
 		p->nconns = nkeep;
 	}
-	return 0;
 }
 
-/* fd link of pid is "/memfd:sdp-pool...": open, check and copy it (once
- * per pool: forked processes share one). Returns the pool's index, or -1
- * if it is gone, not ours to see, or bad (noted once on stderr). */
-static int add_pool(struct scan *s, int pid, int pfd, const char *path)
+/* Open pool k through one of its holders (the descriptor must still be
+ * that pool), check it and copy what sdp stat lists; a bad pool is noted
+ * once on stderr. */
+static void load_pool(struct scan *s, int k)
 {
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
-	if (fd < 0)
-		return -1;
+	struct pool *p = &s->pools[k];
+	const struct holder *by = NULL;
+	int fd = -1;
 	struct stat st;
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-		close(fd);
-		return -1;
-	}
-	for (int k = 0; k < s->npools; k++)
-		if (s->pools[k].dev == st.st_dev && s->pools[k].ino == st.st_ino) {
-			close(fd);
-			return s->pools[k].bad ? -1 : k;
+	for (int u = 0; u < s->nholders && fd < 0; u++) {
+		if (s->holders[u].pool != k)
+			continue;
+		char path[64];
+		snprintf(path, sizeof path, "/proc/%d/fd/%d", s->holders[u].pid,
+			 s->holders[u].fd);
+		fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+		if (fd >= 0 && (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) ||
+				st.st_dev != p->dev || st.st_ino != p->ino)) {
+			close(fd);        /* closed and the number reused meanwhile */
+			fd = -1;
 		}
-	s->pools = grow(s->pools, (size_t)s->npools, &s->cap_pools, sizeof *s->pools);
-	struct pool *p = &s->pools[s->npools];
-	*p = (struct pool){ .dev = st.st_dev, .ino = st.st_ino };
+		by = &s->holders[u];
+	}
+	if (fd < 0) {
+		p->bad = true;            /* gone meanwhile */
+		return;
+	}
 	struct sdp_pool_hdr h;
 	const char *bad = NULL;
 	if (st.st_size < (off_t)sizeof h || (uint64_t)st.st_size > POOL_MAX_BYTES)
@@ -212,17 +289,34 @@ static int add_pool(struct scan *s, int pid, int pfd, const char *path)
 		bad = strerror(errno);
 	else
 		bad = pool_check(&h, (uint64_t)st.st_size);
-	if (!bad && copy_records(p, fd, &h, s->want_procs) < 0)
-		bad = "out of memory";
-	close(fd);
-	s->npools++;
 	if (bad) {
 		fprintf(stderr, "sdp stat: skipping the pool of pid %d (fd %d): %s\n",
-			pid, pfd, bad);
+			by->pid, by->fd, bad);
 		p->bad = true;
-		return -1;
+	} else {
+		copy_records(s, k, fd, &h);
 	}
-	return s->npools - 1;
+	close(fd);
+}
+
+/* fd of pid is "/memfd:sdp-pool...": note it as a holder of its pool
+ * (found by the file's identity: forked processes share one). */
+static void add_holder(struct scan *s, int pid, int fd, const char *path)
+{
+	struct stat st;
+	if (stat(path, &st) < 0 || !S_ISREG(st.st_mode))
+		return;                   /* gone, or not ours to see */
+	int k;
+	for (k = 0; k < s->npools; k++)
+		if (s->pools[k].dev == st.st_dev && s->pools[k].ino == st.st_ino)
+			break;
+	if (k == s->npools) {
+		s->pools = grow(s->pools, (size_t)s->npools, &s->cap_pools, sizeof *s->pools);
+		s->pools[s->npools++] = (struct pool){ .dev = st.st_dev, .ino = st.st_ino };
+	}
+	s->holders = grow(s->holders, (size_t)s->nholders, &s->cap_holders,
+			  sizeof *s->holders);
+	s->holders[s->nholders++] = (struct holder){ pid, fd, k };
 }
 
 static void add_sock(struct scan *s, unsigned long long ino, int pid, int fd)
@@ -240,7 +334,8 @@ static void add_sock(struct scan *s, unsigned long long ino, int pid, int fd)
 	s->socks[s->nsocks++] = (struct sockent){ ino, pid, fd };
 }
 
-/* One pass over /proc/PID/fd of every process we may inspect. */
+/* One pass over /proc/PID/fd of every process we may inspect: the pools
+ * each holds and its sockets. */
 static void scan_proc(struct scan *s)
 {
 	DIR *proc = opendir("/proc");
@@ -255,7 +350,7 @@ static void scan_proc(struct scan *s)
 		if (!d)
 			continue;
 		size_t socks0 = s->nsocks;
-		bool holds = false;
+		int holders0 = s->nholders;
 		struct dirent *fe;
 		while ((fe = readdir(d))) {
 			if (!is_num(fe->d_name))
@@ -271,26 +366,13 @@ static void scan_proc(struct scan *s)
 			if (!strncmp(link, "socket:[", 8)) {
 				if (sscanf(link + 8, "%llu%c", &ino, &tail) == 2 && tail == ']')
 					add_sock(s, ino, pid, atoi(fe->d_name));
-				continue;
+			} else if (!strncmp(link, "/memfd:" SDP_POOL_NAME,
+					    7 + strlen(SDP_POOL_NAME))) {
+				add_holder(s, pid, atoi(fe->d_name), path);
 			}
-			if (strncmp(link, "/memfd:" SDP_POOL_NAME,
-				    7 + strlen(SDP_POOL_NAME)))
-				continue;
-			int k = add_pool(s, pid, atoi(fe->d_name), path);
-			if (k < 0)
-				continue;
-			bool dup = false;
-			for (int u = 0; u < s->nholders; u++)
-				dup |= s->holders[u].pid == pid && s->holders[u].pool == k;
-			if (dup)
-				continue;
-			s->holders = grow(s->holders, (size_t)s->nholders,
-					  &s->cap_holders, sizeof *s->holders);
-			s->holders[s->nholders++] = (struct holder){ pid, k };
-			holds = true;
 		}
 		closedir(d);
-		if (!holds)
+		if (s->nholders == holders0)
 			s->nsocks = socks0;   /* only the sockets of pool holders matter */
 	}
 	if (proc)
@@ -305,28 +387,6 @@ static int sock_cmp(const void *a, const void *b)
 	if (x->pid != y->pid)
 		return x->pid < y->pid ? -1 : 1;
 	return (x->fd > y->fd) - (x->fd < y->fd);
-}
-
-/* First index of ino in the sorted socket table, or nsocks. */
-static size_t sock_find(const struct scan *s, unsigned long long ino)
-{
-	size_t lo = 0, hi = s->nsocks;
-	while (lo < hi) {
-		size_t mid = lo + (hi - lo) / 2;
-		if (s->socks[mid].ino < ino)
-			lo = mid + 1;
-		else
-			hi = mid;
-	}
-	return lo < s->nsocks && s->socks[lo].ino == ino ? lo : s->nsocks;
-}
-
-static bool holds_pool(const struct scan *s, int pid, int k)
-{
-	for (int u = 0; u < s->nholders; u++)
-		if (s->holders[u].pid == pid && s->holders[u].pool == k)
-			return true;
-	return false;
 }
 
 static const char *state_name(uint32_t st)
@@ -481,6 +541,13 @@ int sdp_cmd_stat(int argc, char **argv)
 	struct scan s = { .want_procs = procs };
 	scan_proc(&s);
 	qsort(s.socks, s.nsocks, sizeof *s.socks, sock_cmp);
+	s.claimed = calloc(s.nsocks + 1, sizeof *s.claimed);
+	if (!s.claimed) {
+		fprintf(stderr, "sdp stat: out of memory\n");
+		return 1;
+	}
+	for (int k = 0; k < s.npools; k++)
+		load_pool(&s, k);
 
 	if (json)
 		printf("[");
@@ -509,5 +576,6 @@ int sdp_cmd_stat(int argc, char **argv)
 	free(s.pools);
 	free(s.holders);
 	free(s.socks);
+	free(s.claimed);
 	return 0;
 }

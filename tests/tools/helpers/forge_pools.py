@@ -1,9 +1,13 @@
 """Forge connection pools as another user would, for tests/tools/test_stat.py.
 
-Reads the bytes of a real pool on stdin, makes memfds named "sdp-pool"
-from it - each with one lie in its header or records - prints
-"ready <pid> <n>" and holds them until killed. Run it as an unprivileged
-user (setpriv): `sdp stat` run by root must survive every one.
+    forge_pools.py INODE...
+
+Reads the bytes of a real pool on stdin (INODE...: the sockets its
+connection records name), makes memfds named "sdp-pool" from it - each
+with one lie in its header or records - prints "ready <pid> <n> <fd>" (n:
+the pools that are bad, fd: the one socket the good forged pool's records
+name) and holds them until killed. Run it as an unprivileged user
+(setpriv): `sdp stat` run by root must survive every one.
 
 Header (sdp/pool.h): magic, version, nprocs, nconns, conn_size, procs_off,
 conns_off, hint - eight little-endian u32. A process record starts with
@@ -11,6 +15,7 @@ its pid (i32) and comm (20 bytes).
 """
 import os
 import signal
+import socket
 import struct
 import sys
 
@@ -56,12 +61,31 @@ def main():
     ]
     bad = len(fds)
     # A well-formed pool whose records lie: one process record claims to be
-    # this process with a hostile name (listed: we hold the pool), the
-    # connection records are root's (they name sockets we do not hold).
+    # this process with a hostile name (listed: we hold the pool); the
+    # connection records are root's (they name sockets we do not hold),
+    # and a thousand more name one socket of ours (listed once).
     forged = bytearray(real)
     struct.pack_into("<i20s", forged, poff, os.getpid(), COMM)
+    inos = {int(x) for x in sys.argv[1:]}
+    rec = at = None
+    for i in range(nconns):
+        r = real[coff + i * csize:coff + (i + 1) * csize]
+        for o in range(0, csize - 7, 8):
+            if struct.unpack_from("<Q", r, o)[0] in inos:
+                rec, at = bytearray(r), o
+                break
+        if rec:
+            break
+    if rec is None:
+        sys.exit("no connection record names the sockets given")
+    mine, _peer = socket.socketpair()
+    struct.pack_into("<Q", rec, at, os.fstat(mine.fileno()).st_ino)
+    free = [i for i in range(nconns)
+            if struct.unpack_from("<Q", real, coff + i * csize + at)[0] not in inos]
+    for i in free[:1000]:
+        forged[coff + i * csize:coff + (i + 1) * csize] = rec
     fds.append(pool(forged))
-    print(f"ready {os.getpid()} {bad}", flush=True)
+    print(f"ready {os.getpid()} {bad} {mine.fileno()}", flush=True)
     signal.pause()
 
 
