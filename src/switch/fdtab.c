@@ -260,14 +260,16 @@ int fd_leave_all(void)
 	for (int fd = 0; fd < hi; fd++) {
 		struct sdp_conn *c = tab[fd].c;
 		if (atomic_load(&tab[fd].kind) == FDK_SDP && c) {
-			fd_fallback(fd, c);   /* every fd naming c becomes TCP */
+			/* every fd naming c becomes TCP */
+			fd_fallback_for(fd, c, "the process installs a seccomp filter");
 			n++;
 		}
 	}
 	epoll_leave_all();
 	for (int fd = 0; fd < hi; fd++)
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
-			sdp_log(2, "listen fd %d: SDP withdrawn (seccomp filter)", fd);
+			sdp_log(2, "listen fd %d: SDP withdrawn, new connections TCP "
+				"(the process installs a seccomp filter)", fd);
 			sdp_listener_withdraw(tab[fd].l);
 		}
 	for (int fd = 0; fd < hi; fd++)
