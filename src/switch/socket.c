@@ -103,7 +103,8 @@ EXPORT int socket(int domain, int type, int protocol)
 		struct fdent *e = fd_get(fd);
 		if (e)
 			atomic_store(&e->opts, (type & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
-		else if (is_tcp_type(domain, type, protocol))
+		else if (is_tcp_type(domain, type, protocol) &&
+			 !atomic_load_explicit(&sdp_passthru, memory_order_relaxed))
 			sdp_log(2, "socket fd %d: TCP (above the %d descriptors the library "
 				"tracks: the hard RLIMIT_NOFILE when it started)", fd,
 				fd_table_size());
