@@ -129,7 +129,9 @@ void sdp_conn_free(struct sdp_conn *c);
 void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
 void sdp_proc_region(int accepting, bool reused);
 void sdp_proc_bytes(uint64_t tx, uint64_t rx);
-void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
+void sdp_proc_note_socket(void);                 /* a TCP listener or connection */
+void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit, if
+						     the process had sockets */
 int  sdp_lock(pthread_mutex_t *m);
 void sdp_unlock(pthread_mutex_t *m);
 
@@ -259,8 +261,9 @@ int  sdp_fallback(struct sdp_conn *c, int fd);
 void sdp_fallback_publish(struct sdp_conn *c, int fd);
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
-/* Has the peer started a fallback (so it runs its half itself)? */
+/* Has the peer started a fallback (so it runs its half itself)? Have we? */
 bool sdp_fallback_by_peer(struct sdp_conn *c);
+bool sdp_fallback_started(struct sdp_conn *c);
 #define SDP_EFALLBACK EREMCHG          /* internal: retry the call on TCP */
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */

@@ -275,3 +275,8 @@ bool sdp_fallback_by_peer(struct sdp_conn *c)
 {
 	return sdp_marked(c, FAB_M_FB);
 }
+
+bool sdp_fallback_started(struct sdp_conn *c)
+{
+	return sdp_marked(c, FAB_MY(FAB_M_FB));
+}

@@ -141,8 +141,11 @@ int sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out)
 		return -errno;
 	/* SO_REUSEPORT spreads connections over several listeners that we
 	 * cannot tell apart: stay on TCP. */
-	if (sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one)
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one) {
+		sdp_why("SO_REUSEPORT is set: its connections spread over "
+			"listeners SDP cannot tell apart");
 		return 0;
+	}
 	struct sdp_listener *l = calloc(1, sizeof *l);
 	if (!l)
 		return -ENOMEM;
@@ -153,7 +156,9 @@ int sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out)
 	if (l->rv < 0)
 		goto fail;
 	if (sys_bind(l->rv, &l->name, l->namelen) < 0 || sys_listen(l->rv, 4096) < 0) {
-		sdp_log(2, "rendezvous for fd %d not published: %s", fd, strerror(errno));
+		sdp_why("rendezvous not published: %s", errno == EADDRINUSE ?
+			"its name is taken (another listener of this user on the "
+			"same address, or a squatter)" : strerror(errno));
 		goto fail;
 	}
 	l->sh = mmap(NULL, sizeof *l->sh, PROT_READ | PROT_WRITE,
@@ -457,13 +462,17 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	struct key lk, pk;
 	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
 	    sys_getpeername(newfd, &pa, &pl) < 0 ||
-	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
+	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0) {
+		sdp_why("cannot name the connection's addresses");
 		return NULL;
+	}
 	/* Only a client some provider reaches over the rendezvous can have
 	 * said hello (a remote one cannot); the policy may allow only one. */
 	const struct fab_ops *may = fab_choose(&pa.sa, pl, l->pref);
-	if (!may && (l->pref == FAB_PREF_ANY || !fab_choose(&pa.sa, pl, FAB_PREF_ANY)))
-		return NULL;
+	if (!may && (l->pref == FAB_PREF_ANY || !fab_choose(&pa.sa, pl, FAB_PREF_ANY))) {
+		sdp_why("the client is not on this host");
+		return NULL;              /* a remote client cannot have said hello */
+	}
 
 	/* A hello left over from an earlier connection of the same 4-tuple
 	 * that never completed (its client failed or died) names memory that
@@ -478,8 +487,11 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	 * no honest client sends it) leaves the connection plain TCP. */
 	for (int tries = 0; tries < 4; tries++) {
 		struct pending mine = take_mine(l, &lk, &pk);
-		if (mine.h.magic == 0)
+		if (mine.h.magic == 0) {
+			sdp_why("the client sent no hello: not an SDP client (not "
+				"preloaded, a static program, or its policy says tcp)");
 			return NULL;
+		}
 		const struct fab_ops *ops = fab_by_id(mine.h.fabric);
 		if (ops != may) {
 			/* Said hello over a provider this listener may not
@@ -513,6 +525,8 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 			sdp_conn_free(c);
 			if (r != -EPROTO)
 				*refuse = r;
+			else
+				sdp_why("malformed hello");
 			return NULL;
 		}
 		sdp_proc_region(1, r == 1);
@@ -541,14 +555,18 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 {
 	memset(cs, 0, sizeof *cs);
 	struct key dk;
-	if (key_of(dst, len, &dk) < 0)
+	if (key_of(dst, len, &dk) < 0) {
+		sdp_why("the destination is not an IP address");
 		return NULL;
+	}
 	/* The provider that reaches dst (shm: an address of this host). */
 	const struct fab_ops *ops = fab_choose(dst, len, pref);
 	if (!ops) {
 		if (pref != FAB_PREF_ANY)
-			sdp_log(2, "connect fd %d: TCP (the policy's fabric %s does not "
-				"reach the destination)", fd, fab_pref_name(pref));
+			sdp_why("the policy's fabric %s does not reach the destination",
+				fab_pref_name(pref));
+		else
+			sdp_why("the destination is not an address of this host");
 		return NULL;
 	}
 	uid_t uid = geteuid();
@@ -572,8 +590,10 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		first = 0;
 	struct sockaddr_un name;
 	int rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (rv < 0)
+	if (rv < 0) {
+		sdp_why("no socket for the rendezvous: %s", strerror(errno));
 		return NULL;
+	}
 	int found = -1, busy = 0;
 	for (int k = 0; k < nc && found < 0; k++) {
 		int i = (first + k) % nc;
@@ -586,14 +606,18 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	}
 	if (found < 0) {
 		if (busy)
-			sdp_log(2, "connect fd %d: TCP (the listener's rendezvous queue is full)", fd);
+			sdp_why("the listener's rendezvous queue is full");
+		else
+			sdp_why("no SDP listener at the destination: no rendezvous "
+				"(its server is not preloaded, its policy says tcp, "
+				"or it set SO_REUSEPORT)");
 		sys_close(rv);
 		return NULL;
 	}
 	struct ucred cr;
 	socklen_t cl = sizeof cr;
 	if (sys_getsockopt(rv, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != uid) {
-		sdp_log(2, "connect fd %d: TCP (the listener belongs to another user)", fd);
+		sdp_why("the listener belongs to another user");
 		sys_close(rv);                /* squatted by another user: TCP */
 		return NULL;
 	}
@@ -700,7 +724,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 fail:
-	sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
+	sdp_why("%s", why);
 	close_offer_fds(&o);
 	sys_close(rv);
 	return NULL;

@@ -23,6 +23,9 @@
 pid_t sdp_pid;
 static struct sdp_pool_hdr *pool;
 static struct sdp_proc *myproc;
+/* This process (since its fork) listened or connected on TCP: only then
+ * is there anything to write into SDP_STATS_DIR. */
+static _Atomic bool had_sockets;
 
 static inline struct sdp_proc *procs(void)
 {
@@ -56,6 +59,7 @@ static void proc_register(void)
 			break;
 		}
 	}
+	atomic_store(&had_sockets, false);
 	if (!myproc)
 		return;
 	memset(myproc->comm, 0, sizeof myproc->comm);
@@ -208,8 +212,15 @@ void sdp_conn_free(struct sdp_conn *c)
 	atomic_store(&c->inuse, 0);
 }
 
+void sdp_proc_note_socket(void)
+{
+	if (!atomic_load_explicit(&had_sockets, memory_order_relaxed))
+		atomic_store(&had_sockets, true);
+}
+
 void sdp_proc_count(int sdp, int tcp)
 {
+	sdp_proc_note_socket();
 	if (!myproc)
 		return;
 	if (sdp)
@@ -239,10 +250,27 @@ void sdp_proc_bytes(uint64_t tx, uint64_t rx)
 
 void sdp_proc_write_stats(const char *dir)
 {
-	if (!myproc || !dir || !*dir)
+	if (!myproc || !dir || !*dir || !atomic_load(&had_sockets))
 		return;
+	/* The name is the program's to choose (prctl PR_SET_NAME): no '/' or
+	 * control characters in the file name, and JSON-escaped in the file. */
+	char name[sizeof myproc->comm], esc[sizeof myproc->comm * 6];
+	size_t k = 0;
+	name[0] = 0;
+	for (size_t i = 0; i < sizeof name - 1 && myproc->comm[i]; i++) {
+		unsigned char ch = (unsigned char)myproc->comm[i];
+		name[i] = ch == '/' || ch < 0x20 || ch == 0x7f ? '_' : (char)ch;
+		name[i + 1] = 0;
+		if (ch == '"' || ch == '\\')
+			k += (size_t)snprintf(esc + k, sizeof esc - k, "\\%c", ch);
+		else if (ch < 0x20 || ch == 0x7f)
+			k += (size_t)snprintf(esc + k, sizeof esc - k, "\\u%04x", ch);
+		else
+			esc[k++] = (char)ch;
+	}
+	esc[k] = 0;
 	char path[4096], tmp[4200];
-	snprintf(path, sizeof path, "%s/%s.%d.json", dir, myproc->comm, (int)getpid());
+	snprintf(path, sizeof path, "%s/%s.%d.json", dir, name, (int)getpid());
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
 	FILE *f = fopen(tmp, "we");
 	if (!f)
@@ -251,7 +279,7 @@ void sdp_proc_write_stats(const char *dir)
 		"\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
 		"\"regions_created\": %llu, \"regions_reused\": %llu, "
 		"\"regions_mapped\": %llu, \"mappings_reused\": %llu}\n",
-		(int)getpid(), myproc->comm,
+		(int)getpid(), esc,
 		(unsigned long long)atomic_load(&myproc->sdp_conns),
 		(unsigned long long)atomic_load(&myproc->tcp_conns),
 		(unsigned long long)atomic_load(&myproc->tx_bytes),

@@ -187,14 +187,9 @@ void sdp_tunables_load(sdp_tun_lookup lookup, void *arg, sdp_tun_report report,
 				tv.given = v;
 				apply(t, t->def);
 				if (report) {
-					char msg[400], want[200];
-					if (src == SDP_TS_ENV)
-						snprintf(msg, sizeof msg, "ignoring %s=%s (want %s)",
-							 t->env, v, sdp_tun_range(t, want, sizeof want));
-					else
-						snprintf(msg, sizeof msg, "ignoring set %s %s (want %s)",
-							 t->set, v, sdp_tun_range(t, want, sizeof want));
-					report(msg, report_arg);
+					char want[200];
+					report(t, src, v, sdp_tun_range(t, want, sizeof want),
+					       report_arg);
 				}
 			}
 		}

@@ -79,8 +79,10 @@ struct sdp_tun_value {
 
 /* The value of a policy `set` NAME, or NULL. */
 typedef const char *(*sdp_tun_lookup)(const char *set, void *arg);
-/* A rejected value: msg is "ignoring SDP_X=v (want ...)". */
-typedef void (*sdp_tun_report)(const char *msg, void *arg);
+/* A rejected value v of t, from the environment or the policy; want: the
+ * accepted values (sdp_tun_range). */
+typedef void (*sdp_tun_report)(const struct sdp_tunable *t, enum sdp_tun_src src,
+			       const char *v, const char *want, void *arg);
 
 /* Resolve every tunable: the environment, else lookup() of its `set`
  * name (lookup may be NULL), else the default. A value out of range or

@@ -32,6 +32,8 @@ const char *sdp_prog = "";
 
 static struct sdp_policy *policy;
 static bool have_policy;
+static char policy_path[512];           /* for reasons in the log */
+static int policy_error;                /* why a named policy is unusable */
 static _Atomic int init_state;          /* 0 new, 1 running, 2 done */
 static __thread int init_thread;
 
@@ -52,10 +54,30 @@ static const char *policy_set(const char *name, void *arg)
 	return v;
 }
 
-static void tun_report(const char *msg, void *arg)
+/* A rejected value, said as the environment variable or the policy line
+ * that gave it. */
+static void tun_report(const struct sdp_tunable *t, enum sdp_tun_src src,
+		       const char *v, const char *want, void *arg)
 {
 	(void)arg;
-	sdp_logf("%s", msg);
+	const char *pv;
+	unsigned long line = 0;
+	if (src == SDP_TS_POLICY && policy)
+		sdp_policy_setting_at(policy, t->set, &pv, &line);
+	if (t->kind == SDP_TK_NAME) {
+		if (line)
+			sdp_logf("%s:%lu: set %s %s: unknown or not supported here (want "
+				 "%s); choosing automatically", sdp_policy_file(policy),
+				 line, t->set, v, want);
+		else
+			sdp_logf("%s=%s: unknown or not supported here (want %s); "
+				 "choosing automatically", t->env, v, want);
+	} else if (line) {
+		sdp_logf("%s:%lu: ignoring set %s %s (want %s)", sdp_policy_file(policy),
+			 line, t->set, v, want);
+	} else {
+		sdp_logf("ignoring %s=%s (want %s)", t->env, v, want);
+	}
 }
 
 static void at_exit(void)
@@ -106,13 +128,16 @@ static void do_init(void)
 	/* `sdp run` reported bad lines already: say them once, not per process. */
 	const char *rep = getenv("SDP_POLICY_REPORTED");
 	bool quiet = rep && *rep == '1';
+	snprintf(policy_path, sizeof policy_path, "%s", path);
 	policy = sdp_policy_load(path, quiet ? NULL : policy_err, NULL, &err);
 	if (policy) {
 		have_policy = true;
 	} else if (explicit) {
+		policy_error = err;
 		if (!quiet)
-			sdp_logf("cannot read policy %s: %s; using TCP", path, strerror(-err));
-		have_policy = true;        /* a named but unreadable policy: TCP */
+			sdp_logf("cannot use policy %s: %s; every socket stays TCP", path,
+				 sdp_policy_strerror(err));
+		have_policy = true;        /* a named but unusable policy: TCP */
 	}
 	sdp_tunables_load(policy ? policy_set : NULL, policy, tun_report, NULL, NULL);
 	sdp_log_level = (int)sdp_tun.log_level;
@@ -152,15 +177,34 @@ __attribute__((constructor)) static void sdp_ctor(void)
 }
 
 enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l,
-			enum fab_pref *fabric)
+			enum fab_pref *fabric, char *why, size_t n)
 {
 	*fabric = FAB_PREF_ANY;
-	if (atomic_load_explicit(&sdp_passthru, memory_order_relaxed))
+	if (atomic_load_explicit(&sdp_passthru, memory_order_relaxed)) {
+		if (why)
+			snprintf(why, n, "the process is under a seccomp filter: "
+				 "libsdp passes every call through");
 		return SDP_USE_TCP;
+	}
 	if (!have_policy)
 		return SDP_USE_BOTH;
-	if (!policy)
+	if (!policy) {
+		if (why)
+			snprintf(why, n, "policy %s unusable (%s): every socket stays TCP",
+				 policy_path, sdp_policy_strerror(policy_error));
 		return SDP_USE_TCP;
-	enum sdp_use u = sdp_policy_match_fabric(policy, role, sdp_prog, a, l, fabric);
-	return *fabric == FAB_PREF_TCP ? SDP_USE_TCP : u;
+	}
+	unsigned long line;
+	enum sdp_use u = sdp_policy_lookup(policy, role, sdp_prog, a, l, &line, fabric);
+	if (*fabric == FAB_PREF_TCP)
+		u = SDP_USE_TCP;
+	if (u == SDP_USE_TCP && why) {
+		if (line)
+			snprintf(why, n, "policy %s:%lu says tcp", policy_path, line);
+		else
+			snprintf(why, n, "no rule of policy %s matches this %s, program "
+				 "and address (default tcp)", policy_path,
+				 role == SDP_ROLE_SERVER ? "server" : "client");
+	}
+	return u;
 }

@@ -170,6 +170,16 @@ void fd_forget(int fd)
 
 void fd_fallback(int fd, struct sdp_conn *c)
 {
+	fd_fallback_for(fd, c, NULL);
+}
+
+void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
+{
+	if (!atomic_load(&c->fb_done))
+		sdp_log(2, "fd %d: leaving SDP for TCP (%s)", fd,
+			sdp_fallback_by_peer(c) && !sdp_fallback_started(c) ?
+			"the peer left SDP: its program exec'd or passed the socket on" :
+			why ? why : "handed back to TCP");
 	if (!atomic_load(&c->fb_done) && !sdp_fallback_by_peer(c)) {
 		/* If the other end of this connection is ours too (both ends
 		 * in one process, maybe one thread), it cannot answer while
@@ -181,7 +191,7 @@ void fd_fallback(int fd, struct sdp_conn *c)
 			    !sdp_same_conn_peer(c, p))
 				continue;
 			sdp_fallback_publish(c, fd);
-			fd_fallback(i, p);
+			fd_fallback_for(i, p, "its peer in this process leaves SDP");
 			break;
 		}
 	}
@@ -211,15 +221,18 @@ void fd_before_exec_with(const int *extra, int nextra)
 	int hi = atomic_load(&hiwater);
 	for (int fd = 0; fd < hi; fd++) {
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
-			if (inherited(fd, extra, nextra))
+			if (inherited(fd, extra, nextra)) {
+				sdp_log(2, "listen fd %d: SDP withdrawn, new connections "
+					"TCP (the listener is inherited across exec)", fd);
 				sdp_listener_withdraw(tab[fd].l);
+			}
 			continue;
 		}
 		struct sdp_conn *c = tab[fd].c;
 		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
 			continue;
-		if (inherited(fd, extra, nextra))
-			fd_fallback(fd, c);   /* the new program gets plain TCP */
+		if (inherited(fd, extra, nextra))   /* the new program gets plain TCP */
+			fd_fallback_for(fd, c, "inherited across exec");
 	}
 }
 
@@ -236,14 +249,16 @@ int fd_leave_all(void)
 	for (int fd = 0; fd < hi; fd++) {
 		struct sdp_conn *c = tab[fd].c;
 		if (atomic_load(&tab[fd].kind) == FDK_SDP && c) {
-			fd_fallback(fd, c);   /* every fd naming c becomes TCP */
+			/* every fd naming c becomes TCP */
+			fd_fallback_for(fd, c, "the process installs a seccomp filter");
 			n++;
 		}
 	}
 	epoll_leave_all();
 	for (int fd = 0; fd < hi; fd++)
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
-			sdp_log(2, "listen fd %d: SDP withdrawn (seccomp filter)", fd);
+			sdp_log(2, "listen fd %d: SDP withdrawn, new connections TCP "
+				"(the process installs a seccomp filter)", fd);
 			sdp_listener_withdraw(tab[fd].l);
 		}
 	for (int fd = 0; fd < hi; fd++)

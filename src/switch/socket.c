@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
@@ -102,6 +103,11 @@ EXPORT int socket(int domain, int type, int protocol)
 		struct fdent *e = fd_get(fd);
 		if (e)
 			atomic_store(&e->opts, (type & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
+		else if (is_tcp_type(domain, type, protocol) &&
+			 !atomic_load_explicit(&sdp_passthru, memory_order_relaxed))
+			sdp_log(2, "socket fd %d: TCP (above the %d descriptors the library "
+				"tracks: the hard RLIMIT_NOFILE when it started)", fd,
+				fd_table_size());
 	}
 	return fd;
 }
@@ -116,15 +122,23 @@ EXPORT int listen(int fd, int backlog)
 	socklen_t len = sizeof a;
 	struct sdp_listener *l = NULL;
 	enum fab_pref fab;
+	char why[300] = "cannot read the listening address";
+	sdp_why_take();
 	if (sys_getsockname(fd, &a, &len) == 0 &&
-	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len, &fab) != SDP_USE_TCP) {
+	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len, &fab, why, sizeof why) != SDP_USE_TCP) {
 		int e = sdp_listener_open(fd, fab, &l);
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : e < 0 ? strerror(-e) : "no rendezvous");
 		if (e < 0)
-			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
+			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, why);
 	}
 	fd_set_listen(fd, l);
+	sdp_proc_note_socket();
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
-	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
+	if (l)
+		sdp_log(2, "listen fd %d: SDP offered", fd);
+	else
+		sdp_log(2, "listen fd %d: TCP only (%s)", fd, why);
 	return r;
 }
 
@@ -137,8 +151,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	struct sdp_conn *c = NULL;
 	struct sdp_connect_state cs = { 0 };
 	enum fab_pref fab;
-	if (sdp_decide(SDP_ROLE_CLIENT, addr, len, &fab) != SDP_USE_TCP)
+	char why[300];
+	sdp_why_take();
+	if (sdp_decide(SDP_ROLE_CLIENT, addr, len, &fab, why, sizeof why) != SDP_USE_TCP) {
 		c = sdp_hello_connect(fd, addr, len, fab, &cs);
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : "no SDP listener serves the destination");
+	}
 	int r, e;
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a
@@ -161,6 +180,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
 			sdp_proc_count(0, 1);
 			epoll_drop_pending(fd);
+			sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
 		}
 		errno = e;
 		return r;
@@ -203,6 +223,7 @@ static int after_accept(int lfd, int nfd, int flags)
 		return nfd;
 	}
 	int refuse = 0;
+	sdp_why_take();
 	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse) : NULL;
 	if (refuse) {
 		refuse_conn(lfd, nfd, refuse);
@@ -222,7 +243,11 @@ static int after_accept(int lfd, int nfd, int flags)
 	} else {
 		fd_set_tcp(nfd, SDP_ROLE_SERVER);
 		sdp_proc_count(0, 1);
-		sdp_log(2, "accept fd %d -> %d: TCP", lfd, nfd);
+		const char *w = sdp_why_take();
+		sdp_log(2, "accept fd %d -> %d: TCP (%s)", lfd, nfd,
+			k != FDK_LISTEN ? "listen() was not seen on this socket" :
+			!e->l ? "the listener offers TCP only, see its listen line" :
+			w ? w : "the client sent no hello: not an SDP client");
 	}
 	return nfd;
 }
@@ -290,7 +315,7 @@ static bool vfork_dup(int o)
 		return false;
 	struct sdp_conn *c = fd_conn(o);
 	if (c)
-		fd_fallback(o, c);
+		fd_fallback_for(o, c, "a vfork child gives it to the program it runs");
 	return true;
 }
 

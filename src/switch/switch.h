@@ -82,6 +82,9 @@ void fd_fork_failed(void);
 /* The connection left SDP (sdp/fallback.c): every fd of this process that
  * names it becomes plain TCP. */
 void fd_fallback(int fd, struct sdp_conn *c);
+/* The same, saying why this side hands the connection back (for the log;
+ * fd_fallback says whether the peer asked for it). */
+void fd_fallback_for(int fd, struct sdp_conn *c, const char *why);
 void fd_before_exec(void);
 /* The same, for a program started with extra descriptors (posix_spawn). */
 void fd_before_exec_with(const int *extra, int nextra);
@@ -112,9 +115,10 @@ static inline bool sdp_in_vfork_child(void)
 	       getpid() != sdp_pid;
 }
 /* SDP or TCP for this socket, and the provider the policy forces
- * (*fabric, FAB_PREF_ANY: whichever reaches the peer). */
+ * (*fabric, FAB_PREF_ANY: whichever reaches the peer); when the answer is
+ * TCP, why[n] (if why is not NULL) says why (policy file:line). */
 enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l,
-			enum fab_pref *fabric);
+			enum fab_pref *fabric, char *why, size_t n);
 extern const char *sdp_prog;
 
 /* The next definition of each interposed function (libc), resolved in
