@@ -691,11 +691,19 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	struct fab_setup su = { .nslots = sdp_tun.nslots, .slot_size = sdp_tun.slot_size,
 				.token = h.token, .pid = (int32_t)sdp_pid,
 				.peer_pid = (int32_t)listener_pid };
-	if (ops->offer(&c->ep, &su, &o) < 0 || o.len > FAB_OFFER_MAX ||
-	    o.nfds > FAB_OFFER_FDS) {
+	if (ops->offer(&c->ep, &su, &o) < 0) {
 		sdp_conn_free(c);
 		c = NULL;
-		o.nfds = 0;
+		o.nfds = 0;                   /* nothing to undo */
+		goto fail;
+	}
+	if (o.len > FAB_OFFER_MAX || o.nfds > FAB_OFFER_FDS) {
+		why = "the provider's offer does not fit the hello";
+		o.nfds = o.nfds > FAB_OFFER_FDS ? FAB_OFFER_FDS : o.nfds;
+		ops->connected(&c->ep, -EPROTO);
+		ops->detach(&c->ep);
+		sdp_conn_free(c);
+		c = NULL;
 		goto fail;
 	}
 	h.nfds = (uint8_t)o.nfds;
