@@ -104,3 +104,28 @@ def test_every_tunable_in_markdown_tables(doc):
     assert not missing, f"{doc}: the tunables table lacks {missing}"
     known = {x["env"] for x in table()}
     assert set(rows) <= known, f"{doc} lists unknown {set(rows) - known}"
+
+
+def test_check_says_where_each_value_comes_from(tmp_path):
+    pol = tmp_path / "sdp.conf"
+    pol.write_text("set nslots 8\nset zcopy_depth 99\nset spin_us 5\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SDP_")}
+    env.update(SDP_CONFIG=str(pol), SDP_SPIN_US="7", SDP_LOG='9"\\')
+    res = subprocess.run([str(SDP_BIN), "check", "--tunables", "--json"], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         timeout=30)
+    assert res.returncode == 0, res.stderr
+    t = {x["env"]: x for x in json.loads(res.stdout)["tunables"]}
+    assert (t["SDP_SPIN_US"]["value"], t["SDP_SPIN_US"]["source"]) == ("7", "environment")
+    assert (t["SDP_NSLOTS"]["value"], t["SDP_NSLOTS"]["source"]) == ("8", "policy")
+    # out of range: the default, and what was given
+    assert (t["SDP_ZCOPY_DEPTH"]["value"], t["SDP_ZCOPY_DEPTH"]["source"],
+            t["SDP_ZCOPY_DEPTH"]["rejected"]) == ("4", "default", "99")
+    assert (t["SDP_LOG"]["value"], t["SDP_LOG"]["rejected"]) == ("0", '9"\\')
+    assert (t["SDP_CONFIG"]["value"], t["SDP_CONFIG"]["source"]) == (str(pol), "environment")
+    # the text form says the same
+    res = subprocess.run([str(SDP_BIN), "check", "--tunables"], env=env,
+                         stdout=subprocess.PIPE, text=True, timeout=30)
+    assert re.search(r"^SDP_NSLOTS\s+nslots\s+policy\s+8$", res.stdout, re.M), res.stdout
+    assert re.search(r"^SDP_ZCOPY_DEPTH\s+zcopy_depth\s+default\s+4 \(ignored: 99\)$",
+                     res.stdout, re.M), res.stdout
