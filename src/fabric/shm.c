@@ -201,13 +201,33 @@ static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
 	return ring(ep, ep->side) + (p % ep->nslots) * ep->slot_size;
 }
 
+/* Publishing into an empty ring also stamps the time and the message
+ * (post_ns, post_seq, before the release of prod): the receiver orders
+ * its ready connections by it. Streaming into a ring the peer has not
+ * emptied costs one load. */
 static int shm_post(struct fab_ep *ep, size_t len)
 {
 	(void)len;
 	struct shm_side *m = me(ep);
 	uint64_t p = atomic_load_explicit(&m->prod, memory_order_relaxed);
+	if (atomic_load_explicit(&peer(ep)->cons, memory_order_acquire) == p) {
+		atomic_store_explicit(&m->post_ns, fab_clock(), memory_order_relaxed);
+		atomic_store_explicit(&m->post_seq, p, memory_order_relaxed);
+	}
 	atomic_store_explicit(&m->prod, p + 1, memory_order_release);
 	return 0;
+}
+
+/* The stamp holds while the stamped message is the oldest one pending.
+ * Once it is consumed, the messages behind it were posted into a queue
+ * that was not empty (or the peer emptied it between the sender's look
+ * and its post): since when we are readable is not known here (0). */
+static uint64_t shm_rx_since(struct fab_ep *ep)
+{
+	struct shm_side *p = peer(ep);
+	uint64_t seq = atomic_load_explicit(&p->post_seq, memory_order_acquire);
+	uint64_t t = atomic_load_explicit(&p->post_ns, memory_order_relaxed);
+	return seq == atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) ? t : 0;
 }
 
 static uint32_t shm_rx_pending(struct fab_ep *ep)
@@ -364,6 +384,7 @@ const struct fab_ops fab_shm_ops = {
 	.rx_pending = shm_rx_pending,
 	.tx_seq     = shm_tx_seq,
 	.rx_seq     = shm_rx_seq,
+	.rx_since   = shm_rx_since,
 	.rdma_read  = shm_rdma_read,
 	.rdma_write = shm_rdma_write,
 	.arm        = shm_arm,

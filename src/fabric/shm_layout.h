@@ -22,7 +22,11 @@
 
 struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into our ring (TCP: snd_nxt) */
-	char pad0[56];
+	_Atomic uint64_t post_ns;     /* fab_clock() when we last posted into an
+				       * empty ring (TCP: when the skb queued to an
+				       * empty receive queue woke the reader) */
+	_Atomic uint64_t post_seq;    /* the message posted then (its prod value) */
+	char pad0[40];
 	_Atomic uint64_t cons;        /* messages consumed from the peer's ring (TCP: rcv_nxt acked) */
 	char pad1[56];
 	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */

@@ -143,6 +143,9 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 int     sdp_fionread(struct sdp_conn *c);
 /* Readiness as poll(2) bits, from shared state only (no syscalls). */
 unsigned sdp_events(struct sdp_conn *c);
+/* With messages pending: since when (fab_clock) - when the sender posted
+ * into our empty queue. 0 if nothing is pending. */
+uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
 void    sdp_arm(struct sdp_conn *c, unsigned events);

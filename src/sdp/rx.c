@@ -637,6 +637,15 @@ unsigned sdp_events(struct sdp_conn *c)
 	return ev;
 }
 
+uint64_t sdp_ready_since(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend == 0 || pend == UINT32_MAX)
+		return 0;
+	return ep->ops->rx_since(ep);
+}
+
 void sdp_arm(struct sdp_conn *c, unsigned events)
 {
 	unsigned what = 0;

@@ -56,7 +56,9 @@
 
 struct side_blk {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into this side's ring */
-	char pad0[56];
+	_Atomic uint64_t post_ns;     /* when posted into an empty ring */
+	_Atomic uint64_t post_seq;
+	char pad0[40];
 	_Atomic uint64_t cons;        /* messages consumed from the other ring */
 	char pad1[56];
 	_Atomic uint32_t armed;
