@@ -177,6 +177,18 @@ int  shm_peer_rd_shut(struct fab_ep *ep);
 int  shm_peer_closed(struct fab_ep *ep);
 int  shm_peer_caught_up(struct fab_ep *ep);
 
+/* Byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c): the stream bytes we
+ * consumed (published with every release, and on partial reads while the
+ * peer's sends are byte-limited); our SO_RCVBUF for the peer's window
+ * (as getsockopt reports it; 0 = not set); whether our own sends are
+ * byte-limited (then the peer publishes its partial reads too). */
+void     shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes);
+uint64_t shm_peer_rx_bytes(struct fab_ep *ep);
+void     shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes);
+uint32_t shm_peer_rcvbuf(struct fab_ep *ep);
+void     shm_set_tx_limited(struct fab_ep *ep, bool on);
+bool     shm_peer_tx_limited(struct fab_ep *ep);
+
 /* Zero-copy control words of each side (layout: struct sdp_zctl). */
 struct sdp_zctl;
 struct sdp_zctl *shm_zc_me(struct fab_ep *ep);

@@ -230,6 +230,39 @@ static uint64_t shm_rx_since(struct fab_ep *ep)
 	return seq == atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) ? t : 0;
 }
 
+/* ---- byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c) ----------------------- */
+
+void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
+{
+	atomic_store_explicit(&me(ep)->rx_bytes, bytes, memory_order_release);
+}
+
+uint64_t shm_peer_rx_bytes(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->rx_bytes, memory_order_acquire);
+}
+
+void shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes)
+{
+	atomic_store(&me(ep)->rcvbuf, bytes);
+}
+
+uint32_t shm_peer_rcvbuf(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->rcvbuf, memory_order_relaxed);
+}
+
+void shm_set_tx_limited(struct fab_ep *ep, bool on)
+{
+	if (atomic_load_explicit(&me(ep)->tx_limited, memory_order_relaxed) != on)
+		atomic_store(&me(ep)->tx_limited, on);
+}
+
+bool shm_peer_tx_limited(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->tx_limited, memory_order_relaxed) != 0;
+}
+
 static uint32_t shm_rx_pending(struct fab_ep *ep)
 {
 	for (;;) {

@@ -74,6 +74,7 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 static void rx_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
+	shm_set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
 	c->st.credits = ep->ops->credits(ep);
@@ -568,6 +569,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	}
 	if (!peek)
 		c->st.rx_bytes += copied;
+	if (!peek && copied && c->rx_off && shm_peer_tx_limited(&c->ep)) {
+		/* Part of a message read: a byte-limited sender may go on
+		 * (a released message published its bytes already). */
+		shm_set_rx_bytes(&c->ep, c->rx_stream);
+		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
+	}
 	sdp_unlock(&c->rx_lock);
 	if (!peek)
 		sdp_proc_bytes(0, copied);
@@ -629,7 +636,7 @@ unsigned sdp_events(struct sdp_conn *c)
 	if (atomic_load(&c->so_error))
 		ev |= POLLERR;
 	bool wr_closed = atomic_load(&c->tx_shut);
-	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone) ||
+	if (sdp_tx_writable(c) || wr_closed || atomic_load(&c->peer_gone) ||
 	    shm_peer_closed(ep))
 		ev |= POLLOUT | POLLWRNORM;
 	if (wr_closed && rd_closed)

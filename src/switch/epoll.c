@@ -193,10 +193,12 @@ static uint64_t arrived(struct sdp_conn *c)
 	return ep->ops->rx_seq(ep) + ep->ops->rx_pending(ep);
 }
 
+/* Changes whenever room to send comes back: credits, or bytes the peer
+ * consumed (a byte-limited window opens on partial reads too). */
 static uint64_t acked(struct sdp_conn *c)
 {
 	struct fab_ep *ep = &c->ep;
-	return ep->ops->tx_seq(ep) + ep->ops->credits(ep);
+	return ep->ops->tx_seq(ep) + ep->ops->credits(ep) + shm_peer_rx_bytes(ep);
 }
 
 /* Shadow entry i (or a new one) for fd; called locked. NULL: no memory. */

@@ -58,9 +58,12 @@ struct side_blk {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into this side's ring */
 	_Atomic uint64_t post_ns;     /* when posted into an empty ring */
 	_Atomic uint64_t post_seq;
-	char pad0[40];
+	_Atomic uint32_t tx_limited;
+	char pad0[36];
 	_Atomic uint64_t cons;        /* messages consumed from the other ring */
-	char pad1[56];
+	_Atomic uint64_t rx_bytes;
+	_Atomic uint32_t rcvbuf;
+	char pad1[44];
 	_Atomic uint32_t armed;
 	_Atomic uint32_t fin;
 	_Atomic uint64_t fin_seq;
