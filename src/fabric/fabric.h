@@ -36,20 +36,18 @@ struct fab_ep;
  * The clock every process of the host shares, for ordering only: when
  * did a connection's receive queue become non-empty, compared across
  * connections of different peers (epoll reports ready members in that
- * order, as the kernel's ready list does). On x86 the TSC, read after
- * earlier instructions completed (lfence): about 10 ns, where
- * clock_gettime costs 30; synchronised across CPUs wherever the kernel
- * uses it as its clocksource (where it does not, only the order of
- * readiness reports suffers). FAB_CLOCK_SLACK: a margin in its units
- * (about a microsecond) for reads that are not exactly ordered.
+ * order, as the kernel's ready list does). On x86 the TSC: about 10 ns,
+ * where clock_gettime costs 30 and a fenced TSC read 25-30; synchronised
+ * across CPUs wherever the kernel uses it as its clocksource (where it
+ * does not, only the order of readiness reports suffers). Not fenced: a
+ * read may execute a few hundred cycles early, far less than the code
+ * between two sends. FAB_CLOCK_SLACK: a margin in its units (a few
+ * microseconds) for such reads and for skew between CPUs.
  */
 static inline uint64_t fab_clock(void)
 {
 #if defined(__x86_64__) || defined(__i386__)
-	_mm_lfence();
-	uint64_t t = __rdtsc();
-	_mm_lfence();
-	return t;
+	return __rdtsc();
 #else
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
