@@ -444,22 +444,10 @@ static void ent_report(struct ep_ent *e, const struct ep_cand *k, uint64_t now)
 	e->seen = 0;
 }
 
-/* Since when a ready member has been ready (fab_clock). */
-static uint64_t ent_key(struct ep_ent *e, uint32_t ev, uint64_t now)
-{
-	uint64_t key = 0;
-	if (e->c && (ev & EPOLLIN))
-		key = sdp_ready_since(e->c);
-	if (!key) {
-		if (!e->seen)
-			e->seen = now;
-		key = e->seen;
-	}
-	return key > e->rep ? key : e->rep;
-}
-
-/* Look at member i; a ready one becomes candidate *nc. Returns its key
- * (0 if not ready). */
+/* Look at member i; a ready one becomes candidate *nc, keyed by since
+ * when it has been ready (fab_clock): the sender's stamp of its data, or
+ * the first scan that found it ready, and not before its last report or
+ * ADD/MOD. Returns the stamp of its data (0: none; 1: ready without). */
 static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 {
 	struct ep_ent *e = &s->v[i];
@@ -471,11 +459,18 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 		e->seen = 0;
 		return 0;
 	}
+	uint64_t stamp = e->c && (ev & EPOLLIN) ? sdp_ready_since(e->c) : 0;
+	uint64_t key = stamp;
+	if (!key) {
+		if (!e->seen)
+			e->seen = now;
+		key = e->seen;
+	}
 	k->i = i;
 	k->ev = ev;
-	k->key = ent_key(e, ev, now);
+	k->key = key > e->rep ? key : e->rep;
 	(*nc)++;
-	return k->key;
+	return stamp ? stamp : 1;
 }
 
 static void sort_cands(struct ep_cand *v, int n)
@@ -509,16 +504,16 @@ static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
 	int nc = 0, last = -1;
 	uint64_t newest = 0;
 	for (int i = 0; i < s->n; i++) {
-		uint64_t key = look(s, i, now, &nc);
-		if (key) {
+		uint64_t stamp = look(s, i, now, &nc);
+		if (stamp) {
 			last = i;
-			newest = key > newest ? key : newest;
+			newest = stamp > newest ? stamp : newest;
 		}
 	}
-	/* A member found ready became so during this scan: one checked
-	 * before it may have become ready after its check but before it -
-	 * and then first. Look at those once more (once: what becomes ready
-	 * now is newer than everything found). */
+	/* Data found became ready during this scan: a member checked before
+	 * it may have become ready after its check but before it - and then
+	 * first. Look at those once more (once: what becomes ready now is
+	 * newer than everything found). */
 	if (last > 0 && newest + FAB_CLOCK_SLACK > now) {
 		int found = nc, ci = 0;       /* the first pass's, by member */
 		for (int i = 0; i < last; i++) {
