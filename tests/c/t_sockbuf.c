@@ -108,6 +108,7 @@ static void c_reset(void)
 	SYS(pipe(go));
 	pid_t pid = server_proc(4 * KB, &port, &l);
 	if (pid == 0) {
+		close(go[1]);                         /* a failed client: EOF */
 		int s = SYS(accept(l, NULL, NULL));
 		expect_transport(s);
 		CHECK_EQ(send(s, "r", 1, 0), 1);
@@ -118,6 +119,7 @@ static void c_reset(void)
 		SYS(close(s));                        /* unread data: RST */
 		_exit(0);
 	}
+	close(go[0]);
 	int c = client(port, 4 * KB);
 	char b;
 	CHECK_EQ(recv(c, &b, 1, MSG_WAITALL), 1);     /* accepted */
@@ -126,6 +128,7 @@ static void c_reset(void)
 	      "4 KiB receive buffer", sent);
 	tl_metric("reset_first", (long long)sent);
 	CHECK_EQ(write(go[1], "g", 1), 1);
+	close(go[1]);
 	/* The server reads 1 KiB and resets: sending on must fail with
 	 * ECONNRESET (or EPIPE once the reset was reported) before the
 	 * 256 KiB are taken. */
@@ -157,6 +160,7 @@ static size_t bp(int snd, int rcv, bool after)
 	SYS(pipe(done));
 	pid_t pid = server_proc(after ? 0 : rcv, &port, &l);
 	if (pid == 0) {
+		close(done[1]);
 		int s = SYS(accept(l, NULL, NULL));
 		expect_transport(s);
 		if (after)
@@ -166,6 +170,7 @@ static size_t bp(int snd, int rcv, bool after)
 		CHECK_EQ(read(done[0], &b, 1), 1);
 		_exit(0);                             /* unread: reset, fine */
 	}
+	close(done[0]);
 	int c = client(port, after ? 0 : snd);
 	if (after)
 		setbuf_(c, SO_SNDBUF, snd);
@@ -174,6 +179,7 @@ static size_t bp(int snd, int rcv, bool after)
 	size_t n = fill(c, 8u << 20);
 	CHECK(n < (8u << 20), "8 MiB taken without EAGAIN");
 	CHECK_EQ(write(done[1], "d", 1), 1);
+	close(done[1]);
 	SYS(close(c));
 	tl_wait_ok(pid);
 	return n;
