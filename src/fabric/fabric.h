@@ -88,6 +88,19 @@ struct fab_ops {
 	 * the stamped message was consumed already (not known). */
 	uint64_t (*rx_since)(struct fab_ep *ep);
 
+	/* Byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c), words each side
+	 * publishes for the other (RDMA writes on a network fabric):
+	 * rx_bytes - the stream bytes our application consumed (with every
+	 * release, and after partial reads while the peer's sends are
+	 * byte-limited); rcvbuf - our SO_RCVBUF as getsockopt reports it,
+	 * 0 = not set; tx_limited - our sends are byte-limited. */
+	void     (*set_rx_bytes)(struct fab_ep *ep, uint64_t bytes);
+	uint64_t (*peer_rx_bytes)(struct fab_ep *ep);
+	void     (*set_rcvbuf)(struct fab_ep *ep, uint32_t bytes);
+	uint32_t (*peer_rcvbuf)(struct fab_ep *ep);
+	void     (*set_tx_limited)(struct fab_ep *ep, bool on);
+	bool     (*peer_tx_limited)(struct fab_ep *ep);
+
 	/* RDMA by address + key (the key names the peer's memory): len bytes
 	 * at raddr, to or from our scattered buffer local[0..nlocal). Return
 	 * the bytes moved (a short count is progress) or -errno. */
@@ -174,18 +187,6 @@ void shm_set_rd_shut(struct fab_ep *ep);
 int  shm_peer_rd_shut(struct fab_ep *ep);
 int  shm_peer_closed(struct fab_ep *ep);
 int  shm_peer_caught_up(struct fab_ep *ep);
-
-/* Byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c): the stream bytes we
- * consumed (published with every release, and on partial reads while the
- * peer's sends are byte-limited); our SO_RCVBUF for the peer's window
- * (as getsockopt reports it; 0 = not set); whether our own sends are
- * byte-limited (then the peer publishes its partial reads too). */
-void     shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes);
-uint64_t shm_peer_rx_bytes(struct fab_ep *ep);
-void     shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes);
-uint32_t shm_peer_rcvbuf(struct fab_ep *ep);
-void     shm_set_tx_limited(struct fab_ep *ep, bool on);
-bool     shm_peer_tx_limited(struct fab_ep *ep);
 
 /* Zero-copy control words of each side (layout: struct sdp_zctl). */
 struct sdp_zctl;

@@ -232,33 +232,33 @@ static uint64_t shm_rx_since(struct fab_ep *ep)
 
 /* ---- byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c) ----------------------- */
 
-void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
+static void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
 {
 	atomic_store_explicit(&me(ep)->rx_bytes, bytes, memory_order_release);
 }
 
-uint64_t shm_peer_rx_bytes(struct fab_ep *ep)
+static uint64_t shm_peer_rx_bytes(struct fab_ep *ep)
 {
 	return atomic_load_explicit(&peer(ep)->rx_bytes, memory_order_acquire);
 }
 
-void shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes)
+static void shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes)
 {
 	atomic_store(&me(ep)->rcvbuf, bytes);
 }
 
-uint32_t shm_peer_rcvbuf(struct fab_ep *ep)
+static uint32_t shm_peer_rcvbuf(struct fab_ep *ep)
 {
 	return atomic_load_explicit(&peer(ep)->rcvbuf, memory_order_relaxed);
 }
 
-void shm_set_tx_limited(struct fab_ep *ep, bool on)
+static void shm_set_tx_limited(struct fab_ep *ep, bool on)
 {
 	if (atomic_load_explicit(&me(ep)->tx_limited, memory_order_relaxed) != on)
 		atomic_store(&me(ep)->tx_limited, on);
 }
 
-bool shm_peer_tx_limited(struct fab_ep *ep)
+static bool shm_peer_tx_limited(struct fab_ep *ep)
 {
 	return atomic_load_explicit(&peer(ep)->tx_limited, memory_order_relaxed) != 0;
 }
@@ -418,6 +418,12 @@ const struct fab_ops fab_shm_ops = {
 	.tx_seq     = shm_tx_seq,
 	.rx_seq     = shm_rx_seq,
 	.rx_since   = shm_rx_since,
+	.set_rx_bytes    = shm_set_rx_bytes,
+	.peer_rx_bytes   = shm_peer_rx_bytes,
+	.set_rcvbuf      = shm_set_rcvbuf,
+	.peer_rcvbuf     = shm_peer_rcvbuf,
+	.set_tx_limited  = shm_set_tx_limited,
+	.peer_tx_limited = shm_peer_tx_limited,
 	.rdma_read  = shm_rdma_read,
 	.rdma_write = shm_rdma_write,
 	.arm        = shm_arm,

@@ -74,7 +74,7 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 static void rx_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
-	shm_set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
+	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
 	c->st.credits = ep->ops->credits(ep);
@@ -569,10 +569,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	}
 	if (!peek)
 		c->st.rx_bytes += copied;
-	if (!peek && copied && c->rx_off && shm_peer_tx_limited(&c->ep)) {
+	if (!peek && copied && c->rx_off && c->ep.ops->peer_tx_limited(&c->ep)) {
 		/* Part of a message read: a byte-limited sender may go on
 		 * (a released message published its bytes already). */
-		shm_set_rx_bytes(&c->ep, c->rx_stream);
+		c->ep.ops->set_rx_bytes(&c->ep, c->rx_stream);
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	sdp_unlock(&c->rx_lock);

@@ -47,20 +47,18 @@ static bool window(struct sdp_conn *c, uint64_t *lim, uint64_t *out)
 {
 	struct fab_ep *ep = &c->ep;
 	uint32_t snd = atomic_load_explicit(&c->sndbuf, memory_order_relaxed);
-	uint32_t rcv = shm_peer_rcvbuf(ep);
-	if (!snd && !rcv) {
-		shm_set_tx_limited(ep, false);
-		return false;
-	}
+	uint32_t rcv = ep->ops->peer_rcvbuf(ep);
+	if (!snd && !rcv)
+		return false;                 /* never set: never limited */
 	uint64_t ring = (uint64_t)ep->nslots * (ep->slot_size - sizeof(struct sdp_bsdh));
 	uint64_t l = (snd ? (uint64_t)snd : ring) +
 		     (rcv ? rcv / 2 : snd ? RCV_WIN_DEFAULT : ring);
-	shm_set_tx_limited(ep, l < ring);
+	ep->ops->set_tx_limited(ep, l < ring);
 	if (l >= ring)
 		return false;
 	/* tx_stream moves under tx_lock; a poll reads it without. */
 	uint64_t sent = __atomic_load_n(&c->tx_stream, __ATOMIC_RELAXED);
-	uint64_t taken = shm_peer_rx_bytes(ep);
+	uint64_t taken = ep->ops->peer_rx_bytes(ep);
 	*lim = l;
 	*out = sent > taken ? sent - taken : 0;   /* nonsense from the peer: 0 */
 	return true;
@@ -102,7 +100,7 @@ void sdp_bufsize_set(struct sdp_conn *c, int fd, bool snd)
 		atomic_store(&c->sndbuf, (uint32_t)v);
 		return;
 	}
-	shm_set_rcvbuf(&c->ep, (uint32_t)v);
+	c->ep.ops->set_rcvbuf(&c->ep, (uint32_t)v);
 	/* A larger window may let a waiting sender go on. */
 	c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 }

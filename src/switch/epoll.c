@@ -198,7 +198,7 @@ static uint64_t arrived(struct sdp_conn *c)
 static uint64_t acked(struct sdp_conn *c)
 {
 	struct fab_ep *ep = &c->ep;
-	return ep->ops->tx_seq(ep) + ep->ops->credits(ep) + shm_peer_rx_bytes(ep);
+	return ep->ops->tx_seq(ep) + ep->ops->credits(ep) + ep->ops->peer_rx_bytes(ep);
 }
 
 /* Shadow entry i (or a new one) for fd; called locked. NULL: no memory. */
