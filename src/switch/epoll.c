@@ -456,7 +456,8 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 	struct ep_cand *k = &s->cand[*nc];
 	uint32_t ev = ent_events(s, e, k);
 	if (!ev) {
-		e->seen = 0;
+		if (e->seen)
+			e->seen = 0;
 		return 0;
 	}
 	uint64_t stamp = e->c && (ev & EPOLLIN) ? sdp_ready_since(e->c) : 0;
