@@ -51,7 +51,7 @@
 /* ---- the shared region, as the shm provider lays it out --------------- */
 
 #define REGION_MAGIC    0x53444d52u   /* "SDMR" */
-#define REGION_VERSION  4
+#define REGION_VERSION  5
 #define REGION_HDR_SIZE 4096u
 
 struct side_blk {                 /* written only by its own side */
