@@ -59,9 +59,41 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 struct fab_ep;
 struct sdp_zctl;
+
+/*
+ * The clock every process of the host shares, for ordering only: when
+ * did a connection's receive queue become non-empty, compared across
+ * connections of different peers (epoll reports ready members in that
+ * order, as the kernel's ready list does). On x86 the TSC: about 10 ns,
+ * where clock_gettime costs 30 and a fenced TSC read 25-30; synchronised
+ * across CPUs wherever the kernel uses it as its clocksource (where it
+ * does not, only the order of readiness reports suffers). Not fenced: a
+ * read may execute a few hundred cycles early, far less than the code
+ * between two sends. FAB_CLOCK_SLACK: a margin in its units (a few
+ * microseconds) for such reads and for skew between CPUs.
+ */
+static inline uint64_t fab_clock(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	return __rdtsc();
+#else
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define FAB_CLOCK_SLACK 8192u             /* TSC ticks: 2-4 us */
+#else
+#define FAB_CLOCK_SLACK 2000u             /* ns */
+#endif
 
 /* What a sleeping side waits for (arm/kick). */
 enum fab_wait {
@@ -210,6 +242,28 @@ struct fab_ops {
 	uint32_t (*rx_pending)(struct fab_ep *ep);
 	uint64_t (*tx_seq)(struct fab_ep *ep);
 	uint64_t (*rx_seq)(struct fab_ep *ep);
+	/* When our receive queue last went from empty to non-empty
+	 * (fab_clock; stamped by the sender as it posts into an empty queue):
+	 * with messages pending, since when we have been readable; 0 when
+	 * the stamped message was consumed already (not known). Lock-free. */
+	uint64_t (*rx_since)(struct fab_ep *ep);
+
+	/* ---- byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c) ----------------- */
+
+	/* Words each side publishes for the other (RDMA writes on a network
+	 * fabric): rx_bytes - the stream bytes our application consumed
+	 * (with every release, and after partial reads while the peer's
+	 * sends are byte-limited); rcvbuf - our SO_RCVBUF as getsockopt
+	 * reports it, 0 = not set; tx_limited - our sends are byte-limited.
+	 * Each is one word: set_* are single stores any thread may make
+	 * (set_rx_bytes under rx_lock, so the count only grows), peer_* are
+	 * lock-free loads. */
+	void     (*set_rx_bytes)(struct fab_ep *ep, uint64_t bytes);
+	uint64_t (*peer_rx_bytes)(struct fab_ep *ep);
+	void     (*set_rcvbuf)(struct fab_ep *ep, uint32_t bytes);
+	uint32_t (*peer_rcvbuf)(struct fab_ep *ep);
+	void     (*set_tx_limited)(struct fab_ep *ep, bool on);
+	bool     (*peer_tx_limited)(struct fab_ep *ep);
 
 	/* ---- marks and the peer's sanity --------------------------------- */
 

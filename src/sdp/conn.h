@@ -87,6 +87,10 @@ struct sdp_conn {
 	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
 	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
 	_Atomic uint32_t rcvlowat;     /* SO_RCVLOWAT (TCP: sk_rcvlowat), >= 1 */
+	_Atomic uint32_t sndbuf;       /* SO_SNDBUF in bytes as getsockopt reports it,
+					* if the application set it; 0 = not set
+					* (TCP: sk_sndbuf with SOCK_SNDBUF_LOCK).
+					* Our SO_RCVBUF is in our control block */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
 	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
@@ -151,14 +155,26 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags);
 int     sdp_fionread(struct sdp_conn *c);
+/* The send window in bytes (tx.c). Without SO_SNDBUF or the peer's
+ * SO_RCVBUF set, the ring's credits are the only limit: SIZE_MAX. */
+size_t  sdp_tx_room(struct sdp_conn *c);
+bool    sdp_tx_open(struct sdp_conn *c);       /* a send can post now */
+bool    sdp_tx_writable(struct sdp_conn *c);   /* POLLOUT (TCP: sk_stream_is_writeable) */
+/* The application set SO_SNDBUF (snd) or SO_RCVBUF on fd (before the
+ * connection, on its listener, or now): take the kernel's value. */
+void    sdp_bufsize_set(struct sdp_conn *c, int fd, bool snd);
 /* Readiness as poll(2) bits, from shared state only (no syscalls). */
 unsigned sdp_events(struct sdp_conn *c);
 /* Counts that move on the events edge-triggered epoll reports: messages
- * arrived so far (consumed or pending), and our messages the peer has
- * consumed plus the buffers we may fill (moves when credits come back). */
+ * arrived so far (consumed or pending), and a count that moves whenever
+ * room to send comes back (credits, or stream bytes the peer consumed: a
+ * byte-limited window opens on partial reads too). */
 uint64_t sdp_rx_arrived(struct sdp_conn *c);
 uint64_t sdp_tx_acked(struct sdp_conn *c);
 uint32_t sdp_credits(struct sdp_conn *c);         /* messages we may post now */
+/* With messages pending: since when (fab_clock) - when the sender posted
+ * into our empty queue. 0 if nothing is pending. */
+uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
 void    sdp_arm(struct sdp_conn *c, unsigned events);

@@ -12,12 +12,12 @@
  * the destination (exact address, then the wildcard of its family, then the
  * IPv6 wildcard). If there is none, the connection is plain TCP and no SDP
  * byte is ever sent. If there is one, and the listener was created by a
- * process of our uid (SO_PEERCRED), the client learns its local port (a
- * deferred connect), has the provider set up its side and make an offer
- * (shm: the connection memory, a sealed memfd), and sends a hello naming
- * the TCP 4-tuple with the offer's bytes and descriptors (SCM_RIGHTS).
- * Only then does the SYN leave. The connection is SDP from the client's
- * side.
+ * process of our uid (SO_PEERCRED), the client has the kernel choose its
+ * local address and port without sending the SYN (a deferred connect), has
+ * the provider set up its side and make an offer (shm: the connection
+ * memory, a sealed memfd), and sends a hello naming the TCP 4-tuple with
+ * the offer's bytes and descriptors (SCM_RIGHTS). Only then does the SYN
+ * go out. The connection is SDP from the client's side.
  *
  * Server: after accept() returns a TCP socket, the switch looks for the hello
  * of that 4-tuple in the rendezvous queue. Because the hello was queued
@@ -633,7 +633,12 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	 * and port exactly as any connect would, without sending the SYN;
 	 * the caller releases it once the hello is queued. If the kernel did
 	 * not defer (the SYN is out), no hello is sent: plain TCP. A socket
-	 * the application bound to a port needs none of this. */
+	 * bound to the wildcard address (0.0.0.0 or [::], with port 0 - bind
+	 * picks a port then - or a port of the application's: many client
+	 * libraries bind before connecting) takes the same path: the kernel
+	 * keeps the bound port and chooses the source address at connect (a
+	 * v4-mapped one for an IPv6 socket connecting to IPv4). Only a socket
+	 * bound to an address and a port needs none of this. */
 	union sdp_addr la;
 	socklen_t ll = sizeof la;
 	struct key lk;
@@ -641,7 +646,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		goto fail;
 	static const uint8_t zero[16];
 	bool any_addr = !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16);
-	if (lk.port == 0) {
+	if (lk.port == 0 || any_addr) {
 		int one = 1;
 		why = "no deferred connect (TCP_FASTOPEN_CONNECT)";
 		if (sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_CONNECT, &one, sizeof one) < 0 ||
@@ -659,11 +664,9 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		why = "cannot name the local address";
 		cs->deferred = true;
 		ll = sizeof la;
-		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
+		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0 ||
+		    lk.port == 0 || !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16))
 			goto fail;
-	} else if (any_addr) {
-		why = "bound to a wildcard address with a port";
-		goto fail;                    /* bound to the wildcard: cannot name it */
 	}
 	why = "out of connection slots or memory";
 

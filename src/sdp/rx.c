@@ -74,6 +74,7 @@ int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h, const char **pa
 void rx_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
+	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
 	c->st.credits = ep->ops->credits(ep);
@@ -278,6 +279,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	r = rx_sink_end(&rc, r);
 	if (!peek)
 		c->st.rx_bytes += rc.copied;
+	if (!peek && rc.copied && c->rx_off && c->ep.ops->peer_tx_limited(&c->ep)) {
+		/* Part of a message read: a byte-limited sender may go on
+		 * (a released message published its bytes already). */
+		c->ep.ops->set_rx_bytes(&c->ep, c->rx_stream);
+		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
+	}
 	sdp_unlock(&c->rx_lock);
 	if (!peek)
 		sdp_proc_bytes(0, rc.copied);
@@ -342,7 +349,7 @@ unsigned sdp_events(struct sdp_conn *c)
 	if (atomic_load(&c->so_error))
 		ev |= POLLERR;
 	bool wr_closed = atomic_load(&c->tx_shut);
-	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone) ||
+	if (sdp_tx_writable(c) || wr_closed || atomic_load(&c->peer_gone) ||
 	    (m & FAB_M_CLOSED))
 		ev |= POLLOUT | POLLWRNORM;
 	if (wr_closed && rd_closed)
@@ -359,12 +366,21 @@ uint64_t sdp_rx_arrived(struct sdp_conn *c)
 uint64_t sdp_tx_acked(struct sdp_conn *c)
 {
 	struct fab_ep *ep = &c->ep;
-	return ep->ops->tx_seq(ep) + ep->ops->credits(ep);
+	return ep->ops->tx_seq(ep) + ep->ops->credits(ep) + ep->ops->peer_rx_bytes(ep);
 }
 
 uint32_t sdp_credits(struct sdp_conn *c)
 {
 	return c->ep.ops->credits(&c->ep);
+}
+
+uint64_t sdp_ready_since(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend == 0 || pend == UINT32_MAX)
+		return 0;
+	return ep->ops->rx_since(ep);
 }
 
 void sdp_arm(struct sdp_conn *c, unsigned events)

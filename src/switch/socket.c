@@ -83,6 +83,12 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 	}
 	v = 1;
 	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
+	/* Buffer sizes the application chose (on this socket or, inherited
+	 * by the kernel, on its listener) limit the bytes in flight. */
+	if (opts & OPT_SNDBUF)
+		sdp_bufsize_set(c, fd, true);
+	if (opts & OPT_RCVBUF)
+		sdp_bufsize_set(c, fd, false);
 	/* SO_RCVLOWAT is ours now: on the kernel socket it would hold back
 	 * the 1-byte wake-ups. */
 	vl = sizeof v;
@@ -491,6 +497,17 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (r == 0 && !c && level == SOL_SOCKET &&
 	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO))
 		fd_opt_set(fd, OPT_TIMEO, true);
+	if (r == 0 && level == SOL_SOCKET &&
+	    (name == SO_SNDBUF || name == SO_SNDBUFFORCE ||
+	     name == SO_RCVBUF || name == SO_RCVBUFFORCE)) {
+		/* The kernel keeps the value (doubled, clamped) and reports
+		 * it; the SDP window takes it from there. */
+		bool snd = name == SO_SNDBUF || name == SO_SNDBUFFORCE;
+		if (c)
+			sdp_bufsize_set(c, fd, snd);
+		else
+			fd_opt_set(fd, snd ? OPT_SNDBUF : OPT_RCVBUF, true);
+	}
 	if (r == 0 && c && level == SOL_SOCKET && name == SO_LINGER &&
 	    len >= sizeof(struct linger)) {
 		const struct linger *lg = val;
