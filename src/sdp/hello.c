@@ -283,7 +283,8 @@ static int take_hello(struct sdp_listener *l, int s)
 	bool ok = n == (ssize_t)(back ? sizeof b : sizeof h) && nrecv == h.nfds &&
 		  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
 		  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
-		  (h.flags & ~SDP_HELLO_RETURNED) == 0 && fab_by_id(h.fabric) &&
+		  (h.flags & ~SDP_HELLO_RETURNED) == 0 && h.reserved == 0 &&
+		  fab_by_id(h.fabric) &&
 		  h.offer_len <= FAB_OFFER_MAX &&
 		  !memcmp(h.offer + h.offer_len, zero, FAB_OFFER_MAX - h.offer_len) &&
 		  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&

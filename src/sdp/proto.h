@@ -63,7 +63,7 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
  * Hello: sent by the connecting side over the listener's rendezvous socket,
  * before its TCP connect, with the descriptors of the provider's offer
  * attached as SCM_RIGHTS (shm: the memfd of the connection's memory).
- * 136 bytes. Names the whole TCP 4-tuple; the provider's part (offer) is
+ * 144 bytes. Names the whole TCP 4-tuple; the provider's part (offer) is
  * opaque to the engine (shm: struct shm_offer, fabric/shm_layout.h).
  *
  *  off len field       meaning
@@ -76,12 +76,17 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
  *  28   4  pid         connecting process
  *  32   8  token       the connection's identity: unique, not secret
  *  40   8  time_ns     CLOCK_MONOTONIC at send (informational)
- *  48  16  src_addr    connecting socket's local address (IPv4: first 4)
- *  64   4  flags       SDP_HELLO_RETURNED only
- *  68   1  fabric      the provider (enum fab_id: 1 = shm)
- *  69   1  nfds        descriptors attached (at most FAB_OFFER_FDS)
- *  70   2  offer_len   bytes of offer used (at most FAB_OFFER_MAX)
- *  72  64  offer       the provider's offer, zero after offer_len
+ *  48   4  flags       SDP_HELLO_RETURNED only
+ *  52   1  fabric      the provider (enum fab_id: 1 = shm)
+ *  53   1  nfds        descriptors attached (at most FAB_OFFER_FDS)
+ *  54   2  offer_len   bytes of offer used (at most FAB_OFFER_MAX)
+ *  56   8  reserved    zero
+ *  64  16  src_addr    connecting socket's local address (IPv4: first 4)
+ *  80  64  offer       the provider's offer, zero after offer_len
+ *
+ * The 4-tuple keeps its place in every version (offsets 0-27 and 64-79),
+ * so that a listener can name the connection of a hello of another
+ * version.
  */
 struct sdp_hello {
 	uint32_t magic;
@@ -93,18 +98,20 @@ struct sdp_hello {
 	int32_t  pid;
 	uint64_t token;
 	uint64_t time_ns;
-	uint8_t  src_addr[16];
 	uint32_t flags;         /* SDP_HELLO_* */
 	uint8_t  fabric;        /* enum fab_id */
 	uint8_t  nfds;
 	uint16_t offer_len;
+	uint64_t reserved;      /* zero */
+	uint8_t  src_addr[16];
 	uint8_t  offer[64];     /* FAB_OFFER_MAX */
 };
-_Static_assert(sizeof(struct sdp_hello) == 136, "hello is 136 bytes");
+_Static_assert(sizeof(struct sdp_hello) == 144, "hello is 144 bytes");
+_Static_assert(offsetof(struct sdp_hello, src_port) == 26, "the 4-tuple keeps 0-27");
 _Static_assert(offsetof(struct sdp_hello, token) == 32, "token at 32");
-_Static_assert(offsetof(struct sdp_hello, src_addr) == 48, "src_addr at 48");
-_Static_assert(offsetof(struct sdp_hello, flags) == 64, "flags at 64");
-_Static_assert(offsetof(struct sdp_hello, offer) == 72, "offer at 72");
+_Static_assert(offsetof(struct sdp_hello, flags) == 48, "flags at 48");
+_Static_assert(offsetof(struct sdp_hello, src_addr) == 64, "src_addr stays at 64");
+_Static_assert(offsetof(struct sdp_hello, offer) == 80, "offer at 80");
 
 #define SDP_HELLO_MAGIC   0x53445048u   /* "SDPH" */
 #define SDP_PROTO_VERSION 5
@@ -117,7 +124,7 @@ struct sdp_hello_back {
 	struct sdp_hello h;     /* as the client sent it, h.pid as verified */
 	uint64_t secret;        /* random, known only to the sharing processes */
 };
-_Static_assert(sizeof(struct sdp_hello_back) == 144, "returned hello is 144 bytes");
+_Static_assert(sizeof(struct sdp_hello_back) == 152, "returned hello is 152 bytes");
 
 /*
  * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a

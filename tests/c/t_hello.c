@@ -549,8 +549,9 @@ static void h_bad_flags(struct hctx *x)
 	SYS(close(m));
 }
 
-/* The engine's checks of the provider's part: a provider that does not
- * exist, an offer longer than its room, or bytes after its end. */
+/* The engine's checks around the provider's part: a provider that does
+ * not exist, an offer longer than its room, bytes after its end, the
+ * reserved word. */
 static void h_bad_offer(struct hctx *x)
 {
 	struct sdp_hello h = mk_hello(x->port, x->rport, 95);
@@ -562,6 +563,9 @@ static void h_bad_offer(struct hctx *x)
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
 	h = mk_hello(x->port, x->rport, 95);
 	h.offer[sizeof h.offer - 1] = 1;
+	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
+	h = mk_hello(x->port, x->rport, 95);
+	h.reserved = 1;
 	send_to_rv(geteuid(), x->port, &h, sizeof h, &m, 1);
 	h = mk_hello(x->port, x->rport, 95);
 	h.offer_len = 3;                      /* too short for the shm offer */
