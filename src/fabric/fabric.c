@@ -6,19 +6,26 @@
  * (a policy rule may force one: "use sdp client * 10.0.0.0/8:* ofi"), and
  * the accepting side finds the one the hello names with fab_by_id(). The
  * table below is in order of preference: the first provider that reaches
- * the peer is chosen. Only the shared-memory provider exists so far; it
- * reaches the processes of this host.
+ * the peer is chosen: the shared-memory provider for the processes of
+ * this host, then (built where libfabric's headers were found, used where
+ * libfabric.so.1 loads) the ofi provider for hosts on a fabric's network.
  */
 #include <stddef.h>
 
 #include "fabric/fabric.h"
 #include "fabric/shm_layout.h"
+#ifdef SDP_HAVE_OFI
+extern const struct fab_ops fab_ofi_ops;
+#endif
 
 static const struct {
 	const struct fab_ops *ops;
 	enum fab_pref pref;               /* the policy name that forces it */
 } providers[] = {
 	{ &fab_shm_ops, FAB_PREF_SHM },
+#ifdef SDP_HAVE_OFI
+	{ &fab_ofi_ops, FAB_PREF_OFI },
+#endif
 };
 #define NPROV (sizeof providers / sizeof providers[0])
 
@@ -46,6 +53,14 @@ const struct fab_ops *fab_by_id(unsigned id)
 {
 	for (size_t i = 0; i < NPROV; i++)
 		if (providers[i].ops->id == id)
+			return providers[i].ops;
+	return NULL;
+}
+
+const struct fab_ops *fab_remote(void)
+{
+	for (size_t i = 0; i < NPROV; i++)
+		if (providers[i].ops->traits & FAB_T_REMOTE)
 			return providers[i].ops;
 	return NULL;
 }

@@ -140,7 +140,15 @@ struct fab_setup {
 				* random, unique per connection */
 	int32_t  pid;          /* our process */
 	int32_t  peer_pid;     /* the peer process as the kernel named it
-				* (SO_PEERCRED of the rendezvous) */
+				* (SO_PEERCRED of the rendezvous; across hosts:
+				* as the hello says) */
+	/* Providers that reach other hosts (FAB_T_REMOTE) only: */
+	const struct sockaddr *local;  /* the TCP connection's local address */
+	const struct sockaddr *remote; /* ... and its peer's */
+	socklen_t local_len, remote_len;
+	int      chan;         /* offer: the hello's TCP socket (the network
+				* rendezvous, hello_net.c), which the provider
+				* takes over to read the server's answer; -1 */
 };
 
 /* The offer: the provider's part of the hello and the descriptors passed
@@ -161,6 +169,31 @@ struct fab_offer {
 /* Provider tunables, from the engine's table of tunables (sdp/tunables.c). */
 struct fab_params {
 	uint32_t region_cache;         /* shm: regions per peer arena, 0 = no reuse */
+	uint32_t ofi_port_offset;      /* ofi: the network rendezvous listens on the
+					* TCP listener's port plus this */
+	uint32_t ofi_hello_ms;         /* ofi: longest wait for the network
+					* rendezvous to answer a connect */
+	const char *ofi_provider;      /* ofi: libfabric provider name, NULL = any */
+	/* The engine's log (sdp/log.h), for providers with something to say
+	 * about why a connection stays on TCP or is reset; may be NULL. */
+	void (*log)(int level, const char *fmt, ...);
+};
+
+/* What a provider is (fab_ops.traits). shm has none of these. */
+enum {
+	/* Endpoints belong to the process that set them up (libfabric
+	 * objects are per process): a forked process cannot use them, so the
+	 * switch hands such connections back to TCP before a fork. */
+	FAB_T_PRIVATE = 1u << 0,
+	/* RDMA keys are memory registrations the fabric checks (mr_key): the
+	 * engine advertises mr_key()'s key and verifies no process. */
+	FAB_T_MR_KEYS = 1u << 1,
+	/* No compare-and-swap on the peer's words (zc_cas of FAB_PEERS
+	 * fails): Write Zero Copy is never taken. */
+	FAB_T_NO_SINK = 1u << 2,
+	/* Reaches other hosts: the hello travels through the network
+	 * rendezvous (sdp/hello_net.c), not the host's AF_UNIX one. */
+	FAB_T_REMOTE  = 1u << 3,
 };
 
 /* A policy's choice of transport for an address (policy.h "use ... FABRIC"). */
@@ -174,11 +207,13 @@ enum fab_pref {
 /* Provider ids as carried in the hello (wire values, never reused). */
 enum fab_id {
 	FAB_ID_SHM = 1,
+	FAB_ID_OFI = 2,
 };
 
 struct fab_ops {
 	const char *name;              /* "shm" */
 	uint8_t     id;                /* enum fab_id */
+	unsigned    traits;            /* FAB_T_* */
 
 	/* ---- choice and set-up ------------------------------------------ */
 
@@ -337,6 +372,22 @@ struct fab_ops {
 	 * the last tokens are read off the socket before application bytes). */
 	uint64_t (*tokens_due)(struct fab_ep *ep);
 	void     (*tokens_took)(struct fab_ep *ep, uint64_t n);
+	/* The descriptor a sleeper polls (POLLIN) for this endpoint instead
+	 * of the TCP socket tcpfd, or NULL: the TCP socket is the wait
+	 * object (shm). A provider whose wake-ups come on a completion
+	 * queue's wait object returns one descriptor that is readable on
+	 * those and on tcpfd's own events (FIN, RST). Stable for the
+	 * endpoint's life; any thread of the owning process. */
+	int      (*wait_fd)(struct fab_ep *ep, int tcpfd);
+
+	/* ---- memory keys (FAB_T_MR_KEYS) ----------------------------------- */
+
+	/* The key under which the peer may RDMA-read or -write len bytes at
+	 * addr of ours (registered, or found in the registration cache), or
+	 * 0: not possible (the caller uses Buffer Copy). NULL: the key is our
+	 * pid (shm). Keys fit in 64 bits; SrcAvail carries the upper half in
+	 * key_hi. */
+	uint64_t (*mr_key)(struct fab_ep *ep, const void *addr, size_t len);
 
 	/* ---- fallback to TCP ------------------------------------------------ */
 
@@ -367,6 +418,11 @@ struct fab_ep {
 	uint32_t  flags;       /* FAB_EP_* */
 	void     *base;        /* provider's: shm maps the connection region here */
 	size_t    len;         /* provider's: shm: the mapping's length in bytes */
+	char      label[16];   /* what carries it, for `sdp stat`: "ofi:tcp";
+				* empty: the provider's name */
+	uint64_t  mr_hits;     /* registration cache (FAB_T_MR_KEYS): buffers
+				* found registered, and registrations made */
+	uint64_t  mr_misses;
 };
 
 enum {
@@ -384,6 +440,25 @@ const struct fab_ops *fab_choose(const struct sockaddr *peer, socklen_t len,
 				 enum fab_pref pref);
 /* The provider a hello names (enum fab_id), or NULL. */
 const struct fab_ops *fab_by_id(unsigned id);
+/* Name the fabric in ep->label if the provider did not ("shm"). */
+static inline void fab_label_default(struct fab_ep *ep)
+{
+	if (ep->ops && !ep->label[0]) {
+		size_t i = 0;
+		for (; ep->ops->name[i] && i < sizeof ep->label - 1; i++)
+			ep->label[i] = ep->ops->name[i];
+		ep->label[i] = 0;
+	}
+}
+/* The descriptor to sleep on for ep (its wait_fd, else tcpfd). */
+static inline int fab_wait_fd(struct fab_ep *ep, int tcpfd)
+{
+	return ep->ops && ep->ops->wait_fd ? ep->ops->wait_fd(ep, tcpfd) : tcpfd;
+}
+/* The network providers (FAB_T_REMOTE) that reach peer, preferred first:
+ * used by the engine's network rendezvous for a destination no local
+ * provider reaches. */
+const struct fab_ops *fab_remote(void);
 
 /* The names of the preferences (policy files, logs): header-only, so that
  * the policy parser and the tools need no provider. */

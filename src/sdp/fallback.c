@@ -114,7 +114,9 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 			 * sending call (this process) falls back while it waits. */
 			struct sdp_srcavail sa;
 			memcpy(&sa, m + sizeof h, sizeof sa);
-			if (sa.key != (int32_t)sdp_pid || skip > sa.len)
+			bool mine = (ep->ops->traits & FAB_T_MR_KEYS) ? sa.key || sa.key_hi :
+				    sa.key == (int32_t)sdp_pid;
+			if (!mine || skip > sa.len)
 				return -EPROTO;
 			int r = write_all(fd, (const char *)(uintptr_t)sa.addr + skip,
 					  sa.len - skip);
@@ -200,7 +202,7 @@ static int wait_peer_final(struct sdp_conn *c, int fd)
 			ms = 1;
 		}
 		if (watching) {
-			struct pollfd p = { .fd = fd, .events = POLLIN };
+			struct pollfd p = { .fd = fab_wait_fd(ep, fd), .events = POLLIN };
 			if (sys_poll(&p, 1, ms) > 0)
 				sdp_on_wakeup(c, fd);
 			sdp_unwatch(c);

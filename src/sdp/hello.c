@@ -44,6 +44,7 @@
 #include <netinet/tcp.h>
 
 #include "sdp/conn.h"
+#include "sdp/hello_net.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
 #include "sdp/log.h"
@@ -66,10 +67,12 @@ struct lshared {                   /* shared by processes forked after listen */
 struct silent {                    /* rendezvous connections with no hello yet */
 	int fd;
 	uint64_t since_ns;
+	bool net;                      /* the network rendezvous (hello_net.c) */
 };
 
 struct sdp_listener {
 	int rv;                        /* rendezvous socket (abstract, listening) */
+	int net;                       /* network rendezvous (hello_net.c), or -1 */
 	enum fab_pref pref;            /* the policy's choice of provider */
 	struct sockaddr_un name;
 	socklen_t namelen;
@@ -176,6 +179,7 @@ int sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out)
 		munmap(l->sh, sizeof *l->sh);
 		goto fail;
 	}
+	l->net = sdp_net_listen(fd, pref);
 	*out = l;
 	return 0;
 fail:;
@@ -211,6 +215,8 @@ void sdp_listener_close(struct sdp_listener *l)
 		sys_close(l->silent[i].fd);
 	free(l->pend);
 	sys_close(l->rv);
+	if (l->net >= 0)
+		sys_close(l->net);
 	if (l->sh && l->sh != MAP_FAILED) {
 		atomic_fetch_sub(&l->sh->nproc, 1);
 		munmap(l->sh, sizeof *l->sh);
@@ -225,6 +231,8 @@ void sdp_listener_close(struct sdp_listener *l)
 void sdp_listener_withdraw(struct sdp_listener *l)
 {
 	sys_shutdown(l->rv, SHUT_RDWR);
+	if (l->net >= 0)
+		sys_shutdown(l->net, SHUT_RDWR);
 }
 
 void sdp_listener_fork(struct sdp_listener *l, int delta)
@@ -245,6 +253,9 @@ void sdp_listener_fork(struct sdp_listener *l, int delta)
  * taken when it carries the listener's secret, and keeps the pid the
  * first taker verified. What the offer says is the provider's to check
  * (sdp_hello_accept). */
+static int pend_add(struct sdp_listener *l, const struct sdp_hello *hp,
+		    const int *fds, unsigned nfds);
+
 static int take_hello(struct sdp_listener *l, int s)
 {
 	struct sdp_hello_back b;
@@ -297,6 +308,15 @@ static int take_hello(struct sdp_listener *l, int s)
 	if (!back)
 		h.pid = cr.pid;
 	h.flags &= ~SDP_HELLO_RETURNED;
+	return pend_add(l, &h, fds, nfds);
+}
+
+/* Keep a hello (and its descriptors) in l->pend: 1, or -1 (no memory: the
+ * descriptors are closed). */
+static int pend_add(struct sdp_listener *l, const struct sdp_hello *hp,
+		    const int *fds, unsigned nfds)
+{
+	struct sdp_hello h = *hp;
 	if (l->npend == l->cap) {
 		int nc = l->cap ? l->cap * 2 : 16;
 		struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
@@ -352,6 +372,21 @@ static int hello_send(const struct sdp_listener *l, const struct pending *p)
 	return r;
 }
 
+/* A hello from the network rendezvous (hello_net.c): the socket goes with
+ * it as its one descriptor (the provider answers on it). 1 / 0 / -1 as
+ * take_hello; on 1 the caller keeps s open. */
+static int take_net(struct sdp_listener *l, int s)
+{
+	struct sdp_hello h;
+	int r = sdp_net_take(s, &h);
+	if (r <= 0)
+		return r;
+	int fds[1] = { s };
+	if (pend_add(l, &h, fds, 1) < 0)
+		return -2;                    /* s closed already */
+	return 1;
+}
+
 static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 			  const struct key *pk)
 {
@@ -371,30 +406,37 @@ static void drain_queue(struct sdp_listener *l, const struct key *lk,
 {
 	uint64_t now = sdp_now_ns();
 	for (int i = l->nsilent - 1; i >= 0; i--) {
-		int r = take_hello(l, l->silent[i].fd);
+		bool net = l->silent[i].net;
+		int r = net ? take_net(l, l->silent[i].fd) : take_hello(l, l->silent[i].fd);
 		if (r == 0 && now - l->silent[i].since_ns < 1000000000ull)
 			continue;
-		sys_close(l->silent[i].fd);
+		if (!net || r == -1 || r == 0)
+			sys_close(l->silent[i].fd);
 		l->silent[i] = l->silent[--l->nsilent];
 	}
-	for (;;) {
-		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-		if (s < 0)
-			return;
-		int r = take_hello(l, s);
-		if (r == 0) {
-			if (l->nsilent == SILENT_MAX) {
-				sys_close(l->silent[0].fd);
-				l->silent[0] = l->silent[--l->nsilent];
+	for (int net = 0; net < 2; net++) {
+		int lfd = net ? l->net : l->rv;
+		while (lfd >= 0) {
+			int s = sys_accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+			if (s < 0)
+				break;
+			int r = net ? take_net(l, s) : take_hello(l, s);
+			if (r == 0) {
+				if (l->nsilent == SILENT_MAX) {
+					sys_close(l->silent[0].fd);
+					l->silent[0] = l->silent[--l->nsilent];
+				}
+				l->silent[l->nsilent].fd = s;
+				l->silent[l->nsilent].since_ns = now;
+				l->silent[l->nsilent].net = net;
+				l->nsilent++;
+				continue;
 			}
-			l->silent[l->nsilent].fd = s;
-			l->silent[l->nsilent].since_ns = now;
-			l->nsilent++;
-			continue;
+			if (!net || r == -1)
+				sys_close(s);     /* a network hello keeps its socket */
+			if (r > 0 && hello_matches(&l->pend[l->npend - 1].h, lk, pk))
+				return;
 		}
-		sys_close(s);
-		if (r > 0 && hello_matches(&l->pend[l->npend - 1].h, lk, pk))
-			return;
 	}
 }
 
@@ -408,6 +450,9 @@ static bool pending_stale(const struct pending *p, uint64_t now)
 {
 	if (now - p->rx_ns > HELLO_STALE_NS)
 		return true;
+	const struct fab_ops *ops = fab_by_id(p->h.fabric);
+	if (ops && (ops->traits & FAB_T_REMOTE))
+		return false;                 /* its pid is another host's */
 	return kill(p->h.pid, 0) < 0 && errno == ESRCH;
 }
 
@@ -510,7 +555,8 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 			return NULL;
 		}
 		struct fab_setup su = { .token = mine.h.token, .pid = (int32_t)sdp_pid,
-					.peer_pid = mine.h.pid };
+					.peer_pid = mine.h.pid, .local = &la.sa, .local_len = ll,
+					.remote = &pa.sa, .remote_len = pl, .chan = -1 };
 		struct fab_offer o = { .len = mine.h.offer_len, .nfds = mine.h.nfds };
 		memcpy(o.fds, mine.fds, sizeof o.fds);
 		memcpy(o.data, mine.h.offer, sizeof o.data);
@@ -530,6 +576,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 				sdp_why("malformed hello");
 			return NULL;
 		}
+		fab_label_default(&c->ep);
 		sdp_proc_region(1, r == 1);
 		c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
 		c->st.region_reused = r == 1;
@@ -570,6 +617,8 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 			sdp_why("the destination is not an address of this host");
 		return NULL;
 	}
+	if (ops->traits & FAB_T_REMOTE)
+		return sdp_net_connect(fd, dst, len, ops, cs);
 	uid_t uid = geteuid();
 
 	/* Which rendezvous serves dst? exact, family wildcard, v6 wildcard. */
@@ -723,6 +772,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	}
 	close_offer_fds(&o);
 	sys_close(rv);
+	fab_label_default(&c->ep);
 	sdp_proc_region(0, o.reused);
 	c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
 	c->st.region_reused = o.reused;

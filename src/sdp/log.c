@@ -29,6 +29,20 @@ void sdp_logf(const char *fmt, ...)
 	(void)w;
 }
 
+/* sdp_log for code that has no access to the level (providers, through
+ * struct fab_params). */
+void sdp_log_at(int level, const char *fmt, ...)
+{
+	if (level > sdp_log_level)
+		return;
+	char buf[900];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(buf, sizeof buf, fmt, ap);
+	va_end(ap);
+	sdp_logf("%s", buf);
+}
+
 static __thread char why_buf[200];
 
 void sdp_whyf(const char *fmt, ...)

@@ -10,6 +10,7 @@
 extern int sdp_log_level;
 /* One line "sdp[PID]: ..." on stderr, written with one raw write(2). */
 void sdp_logf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void sdp_log_at(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 #define sdp_log(lvl, ...) \
 	do { if ((lvl) <= sdp_log_level) sdp_logf(__VA_ARGS__); } while (0)
 

@@ -134,16 +134,23 @@ _Static_assert(sizeof(struct sdp_hello_back) == 152, "returned hello is 152 byte
  *   0   4  id      advertisement number, 1, 2, ... per connection
  *   4   4  len     bytes offered
  *   8   8  addr    address of the buffer in the source process
- *  16   4  key     the source process (the "rkey" of Cross Memory Attach)
- *  20   4  flags   reserved, zero
+ *  16   4  key     the rkey: on shm the source process (Cross Memory
+ *                  Attach); on a network fabric the low half of the
+ *                  buffer's registration key
+ *  20   4  key_hi  the key's high half (network fabrics), zero on shm
  */
 struct sdp_srcavail {
 	uint32_t id;
 	uint32_t len;
 	uint64_t addr;
 	int32_t  key;
-	uint32_t flags;
+	uint32_t key_hi;
 };
+/* The SrcAvail's whole key. */
+static inline uint64_t sdp_srcavail_key(const struct sdp_srcavail *sa)
+{
+	return (uint64_t)(uint32_t)sa->key | (uint64_t)sa->key_hi << 32;
+}
 _Static_assert(sizeof(struct sdp_srcavail) == 24, "SrcAvail payload is 24 bytes");
 
 /*

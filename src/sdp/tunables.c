@@ -21,7 +21,26 @@ struct sdp_tunables sdp_tun = {
 	.nslots = 64,
 	.slot_size = 32768,
 	.region_cache = 8,
+	.ofi_port_offset = 1000,
+	.ofi_hello_ms = 500,
+	.ofi_provider_auto = 1,
 };
+char sdp_ofi_provider[32];
+
+/* A libfabric provider name: taken as it is (libfabric checks it when
+ * the provider is first used; an unknown one means no fabric). */
+static bool ofi_prov_check(const char *name)
+{
+	size_t n = strlen(name);
+	if (!n || n >= sizeof sdp_ofi_provider)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!((name[i] >= 'a' && name[i] <= 'z') || (name[i] >= '0' && name[i] <= '9') ||
+		      name[i] == '_' || name[i] == '-'))
+			return false;
+	memcpy(sdp_ofi_provider, name, n + 1);
+	return true;
+}
 
 /* The copy routine: one copy.c knows and this CPU runs (it is then used). */
 static bool copy_check(const char *name)
@@ -70,6 +89,21 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .var = &sdp_tun.region_cache,
 	  .help = "connection regions reused per peer process (0 = a region per "
 		  "connection)" },
+	{ .env = "SDP_OFI_PORT_OFFSET", .set = "ofi_port_offset", .kind = SDP_TK_NUM,
+	  .def = "1000", .lo = 1, .hi = 65534, .unit = "ports",
+	  .var = &sdp_tun.ofi_port_offset,
+	  .help = "between hosts: the network rendezvous of a listener on port P "
+		  "listens on P plus this (modulo 65535)" },
+	{ .env = "SDP_OFI_HELLO_MS", .set = "ofi_hello_ms", .kind = SDP_TK_NUM,
+	  .def = "500", .lo = 1, .hi = 60000, .unit = "ms",
+	  .var = &sdp_tun.ofi_hello_ms,
+	  .help = "between hosts: longest wait for a server's network rendezvous "
+		  "to accept the hello (then TCP, remembered for a minute)" },
+	{ .env = "SDP_OFI_PROVIDER", .set = "ofi_provider", .kind = SDP_TK_NAME,
+	  .def = "auto", .unit = "name", .choices = "verbs, tcp, sockets, ...",
+	  .is_auto = &sdp_tun.ofi_provider_auto, .check = ofi_prov_check,
+	  .help = "between hosts: the libfabric provider, auto = the first with "
+		  "FI_EP_MSG, FI_MSG and FI_RMA" },
 	{ .env = "SDP_LOG", .kind = SDP_TK_LEVEL, .def = "0", .lo = 0, .hi = 3,
 	  .unit = "level", .var = &sdp_tun.log_level,
 	  .help = "diagnostics on stderr (above 3: as 3)" },

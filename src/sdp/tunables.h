@@ -31,9 +31,14 @@ struct sdp_tunables {
 	uint32_t nslots;               /* receive buffers per direction */
 	uint32_t slot_size;            /* bytes per receive buffer */
 	uint32_t region_cache;         /* shm regions reused per peer process */
+	uint32_t ofi_port_offset;      /* network rendezvous port = listener's + this */
+	uint32_t ofi_hello_ms;         /* longest wait for a network rendezvous, ms */
+	uint32_t ofi_provider_auto;    /* 1: any libfabric provider */
 	uint32_t log_level;            /* SDP_LOG, 0..3 */
 };
 extern struct sdp_tunables sdp_tun;
+/* The libfabric provider asked for (SDP_OFI_PROVIDER), "" = any. */
+extern char sdp_ofi_provider[32];
 
 enum sdp_tun_kind {
 	SDP_TK_NUM,        /* a number in [lo, hi] */

@@ -19,6 +19,7 @@
  * instead of on the futex, which would restart).
  */
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
 #include <sched.h>
 #include <limits.h>
@@ -76,6 +77,12 @@ static void note_wakeup_result(struct sdp_conn *c, int r)
 			sdp_log(1, "peer's TCP socket closed%s", reset ?
 				" before its data was read: reset" : "");
 	} else if (r < 0 && r != -EAGAIN && r != -EINTR) {
+		/* As TCP reports it: a connection that timed out (keepalive,
+		 * TCP_USER_TIMEOUT) says ETIMEDOUT, not ECONNRESET. */
+		if (r == -ETIMEDOUT || r == -EHOSTUNREACH) {
+			int32_t z = 0;
+			atomic_compare_exchange_strong(&c->so_error, &z, -r);
+		}
 		if (atomic_exchange(&c->peer_gone, 2) != 2)
 			sdp_log(1, "peer's TCP socket: %s", strerror(-r));
 	}
@@ -95,6 +102,7 @@ bool sdp_take_reset(struct sdp_conn *c)
 
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
 			 unsigned flags);
+static int64_t remaining_ms(uint64_t deadline);
 
 static void wake_others(struct sdp_conn *c)
 {
@@ -134,11 +142,55 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 	return ret ? ret : r;
 }
 
+/* Would a signal that interrupted a sleep have restarted the call
+ * (SA_RESTART)? Which signal it was is not known: only if every caught
+ * signal's handler says so. (A sleep on a provider's wait descriptor is a
+ * poll, which the kernel never restarts.) */
+static bool restart_after_signal(void)
+{
+	for (int sig = 1; sig < 65; sig++) {
+		struct sigaction sa;
+		if (sigaction(sig, NULL, &sa) < 0)
+			continue;
+		if (sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+			continue;
+		if (!(sa.sa_flags & SA_RESTART))
+			return false;
+	}
+	return true;
+}
+
+/* The watcher's sleep on a provider's wait descriptor wfd (it includes
+ * the TCP socket's FIN and RST): poll, with SO_RCVTIMEO / SO_SNDTIMEO as
+ * the deadline. */
+static int sleep_on_wait_fd(struct sdp_conn *c, int fd, int wfd, unsigned flags,
+			    uint64_t deadline)
+{
+	for (;;) {
+		int64_t ms = remaining_ms(deadline);
+		if (ms == 0)
+			return -EAGAIN;
+		struct pollfd p = { .fd = wfd, .events = POLLIN };
+		int r = sys_poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms));
+		if (r < 0 && errno == EINTR) {
+			if ((flags & SDP_WAIT_PARTIAL) || !restart_after_signal())
+				return -EINTR;
+			continue;
+		}
+		if (r > 0)
+			sdp_on_wakeup(c, fd);
+		return 0;
+	}
+}
+
 /* The watcher's sleep on the TCP socket (only the watcher consumes
  * tokens, so it may sleep unbounded). 0 = woke (re-check), else -errno. */
 static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 		       uint64_t deadline)
 {
+	int wfd = fab_wait_fd(&c->ep, fd);
+	if (wfd != fd)
+		return sleep_on_wait_fd(c, fd, wfd, flags, deadline);
 	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
 	/* A call that moved bytes already (SDP_WAIT_PARTIAL) sleeps in poll()
 	 * below: like TCP, any signal ends it with the partial count, SA_RESTART

@@ -63,6 +63,8 @@ void zc_attach(struct sdp_conn *c)
 
 int zc_key_check(struct sdp_conn *c, int fd, int32_t key)
 {
+	if (c->ep.ops->traits & FAB_T_MR_KEYS)
+		return 1;                     /* a registration the fabric checks */
 	if (key <= 0)
 		return 0;
 	if (key == c->peer_pid || key == atomic_load(&c->key_ok))
@@ -276,7 +278,7 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 		ep->ops->arm(ep, FAB_WAIT_ZC);
 		bool watching = sdp_watch(c);
 		if (atomic_load(&pz->cancel_ack) != first) {
-			struct pollfd p = { .fd = fd, .events = POLLIN };
+			struct pollfd p = { .fd = fab_wait_fd(ep, fd), .events = POLLIN };
 			struct timespec nap = { 0, 1000000 };
 			if (!watching)
 				nanosleep(&nap, NULL);
@@ -334,6 +336,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 	uint32_t first_id = c->src_id + 1, last_id = c->src_id;
 	size_t advertised = done, bdone = 0;
 	int err = 0;
+	bool nokey = false;
 	for (;;) {
 		/* Advertise while the pipeline and the credits allow. */
 		while (advertised < zlen && last_id - atomic_load(&pz->rd_done) < depth &&
@@ -348,17 +351,30 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 				      &v, 1) != 1)
 				break;            /* cannot happen: zlen is within the iovec */
 			size_t n = v.iov_len < chunk ? v.iov_len : chunk;
+			/* shm: our pid; a network fabric: the buffer's
+			 * registration (its cache, fabric.h mr_key) */
+			uint64_t key = ep->ops->mr_key ?
+				       ep->ops->mr_key(ep, v.iov_base, n) : (uint64_t)sdp_pid;
+			if (!key) {
+				nokey = true;     /* cannot register: Buffer Copy */
+				break;
+			}
 			struct sdp_srcavail sa = {
 				.id = ++c->src_id,
 				.len = (uint32_t)n,
 				.addr = (uint64_t)(uintptr_t)v.iov_base,
-				.key = (int32_t)sdp_pid,
+				.key = (int32_t)(uint32_t)key,
+				.key_hi = (uint32_t)(key >> 32),
 			};
 			struct iovec sv = { &sa, sizeof sa };
 			sdp_post_msg(c, fd, SDP_MID_SRC_AVAIL, &sv, 1, 0, sizeof sa);
 			last_id = sa.id;
 			advertised += n;
 			c->tx_stream += n;
+		}
+		if (nokey) {
+			err = -EACCES;            /* the rest by Buffer Copy */
+			break;
 		}
 		/* Everything advertised was read: queue the tail by Buffer
 		 * Copy (only now, so that a cancel never leaves a gap). */

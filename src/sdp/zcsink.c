@@ -55,7 +55,8 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	*whole = false;
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
 	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
-	    sa.key <= 0 || off > sa.len) {
+	    !sdp_srcavail_key(&sa) || (sa.key <= 0 && !(ep->ops->traits & FAB_T_MR_KEYS)) ||
+	    off > sa.len) {
 		sdp_log(0, "malformed SrcAvail (id %u len %u): connection aborted",
 			sa.id, sa.len);
 		sdp_conn_abort(c, ECONNRESET);
@@ -117,7 +118,7 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 			size_t k = n - done < sizeof tmp ? n - done : sizeof tmp;
 			struct iovec l = { tmp, k };
 			ssize_t g = ep->ops->rdma_read(ep, &l, 1, sa.addr + off + done,
-						       k, (uint64_t)sa.key);
+						       k, sdp_srcavail_key(&sa));
 			if (g <= 0) {
 				if (done)
 					break;    /* keep what was copied */
@@ -137,7 +138,7 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 		int ln = iov_slice(iov, iovcnt, copied, n, lv, 64);
 		size_t cap = iov_total(lv, ln);
 		n = cap < n ? cap : n;
-		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
+		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, sdp_srcavail_key(&sa));
 		if (got < 0) {
 			errno = (int)-got;
 			got = -1;

@@ -141,7 +141,13 @@ static void do_init(void)
 	}
 	sdp_tunables_load(policy ? policy_set : NULL, policy, tun_report, NULL, NULL);
 	sdp_log_level = (int)sdp_tun.log_level;
-	struct fab_params fp = { .region_cache = sdp_tun.region_cache };
+	struct fab_params fp = {
+		.region_cache = sdp_tun.region_cache,
+		.ofi_port_offset = sdp_tun.ofi_port_offset,
+		.ofi_hello_ms = sdp_tun.ofi_hello_ms,
+		.ofi_provider = sdp_tun.ofi_provider_auto ? NULL : sdp_ofi_provider,
+		.log = sdp_log_at,
+	};
 	fab_init(&fp);
 	int r = sdp_pool_init();
 	if (r < 0)

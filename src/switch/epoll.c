@@ -200,6 +200,19 @@ static uint64_t acked(struct sdp_conn *c)
 	return sdp_tx_acked(c);
 }
 
+/* A member whose provider wakes it on a descriptor of its own (ofi: the
+ * completion queue's wait object) has that one registered too, with the
+ * member's tag; the TCP socket stays registered for the application's
+ * later EPOLL_CTL_MOD / DEL and for a fallback. */
+static void wait_fd_ctl(int epfd, int op, int fd, struct sdp_conn *c)
+{
+	int w = fab_wait_fd(&c->ep, fd);
+	if (w == fd || w < 0)
+		return;
+	struct epoll_event kev = { .events = EPOLLIN, .data.u64 = TAG | (uint32_t)fd };
+	real_epoll_ctl(epfd, op, w, op == EPOLL_CTL_DEL ? NULL : &kev);
+}
+
 /* Shadow entry i (or a new one) for fd; called locked. NULL: no memory. */
 static struct ep_ent *ent_for(struct ep_shadow *s, int i)
 {
@@ -262,6 +275,7 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				.data.u64 = TAG | (uint32_t)fd,
 			};
 			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, fd, &kev) == 0) {
+				wait_fd_ctl(s->epfd, EPOLL_CTL_ADD, fd, c);
 				e->c = c;
 				count_pending(s, e, false);
 				e->connecting = connecting;
@@ -291,6 +305,7 @@ void epoll_leave_all(void)
 			struct ep_ent *e = &s->v[i];
 			if (!e->c)
 				continue;     /* pending: the kernel has its own */
+			wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, e->c);
 			struct epoll_event kev = {
 				.events = e->disabled ? EPOLLONESHOT : e->events,
 				.data = e->data,
@@ -337,10 +352,14 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	int r;
 	if (op == EPOLL_CTL_DEL) {
 		r = real_epoll_ctl(epfd, op, fd, ev);
+		if (r == 0)
+			wait_fd_ctl(epfd, EPOLL_CTL_DEL, fd, c);
 		if (i >= 0)
 			remove_at(s, i);
 	} else {
 		r = real_epoll_ctl(epfd, op, fd, &kev);
+		if (r == 0 && op == EPOLL_CTL_ADD)
+			wait_fd_ctl(epfd, EPOLL_CTL_ADD, fd, c);
 		if (r == 0) {
 			struct ep_ent *e = ent_for(s, i);
 			if (!e) {
@@ -377,6 +396,7 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e, struct ep_cand
 	struct sdp_conn *c = e->c;
 	if (sdp_fallback_pending(c)) {
 		/* Left SDP: give the kernel the application's registration. */
+		wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, c);
 		if (fd_kind(e->fd) == FDK_SDP)
 			fd_fallback(e->fd, c);
 		struct epoll_event kev = { .events = e->events, .data = e->data };

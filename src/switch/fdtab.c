@@ -346,7 +346,28 @@ static void fork_count(int delta)
 	fork_count_listeners(delta);
 }
 
-void fd_fork_prepare(void) { fork_count(+1); }
+/* Connections whose provider's endpoints belong to this process
+ * (FAB_T_PRIVATE: libfabric's objects) cannot be used by the child: they
+ * go back to TCP before the fork, as before an exec. */
+static void fork_private(void)
+{
+	if (!tab)
+		return;
+	int hi = atomic_load(&hiwater);
+	for (int fd = 0; fd < hi; fd++) {
+		struct sdp_conn *c = tab[fd].c;
+		if (atomic_load(&tab[fd].kind) == FDK_SDP && c && c->ep.ops &&
+		    (c->ep.ops->traits & FAB_T_PRIVATE))
+			fd_fallback_for(fd, c, "fork: its fabric endpoint belongs to "
+					"this process alone");
+	}
+}
+
+void fd_fork_prepare(void)
+{
+	fork_private();
+	fork_count(+1);
+}
 
 
 void fd_fork_failed(void) { fork_count(-1); }

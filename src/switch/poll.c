@@ -220,8 +220,11 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		}
 		for (nfds_t i = 0; i < n; i++) {
 			tmp[i] = fds[i];
-			if (cs[i])
+			if (cs[i]) {
+				/* the provider's wait object, or the socket */
+				tmp[i].fd = fab_wait_fd(&cs[i]->ep, fds[i].fd);
 				tmp[i].events = POLLIN;
+			}
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);

@@ -469,15 +469,32 @@ static void print_procs(const struct scan *s, int k, bool json)
 	}
 }
 
+/* The connection's fabric as its process wrote it (untrusted: letters,
+ * digits and : _ - only, at most 15). "none" if it never had one. */
+static void fabric_str(const struct sdp_conn *c, char *out, size_t n)
+{
+	size_t k = 0;
+	for (size_t i = 0; i < sizeof c->ep.label && c->ep.label[i] && k + 1 < n; i++) {
+		char ch = c->ep.label[i];
+		if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') ||
+		    (ch >= '0' && ch <= '9') || ch == ':' || ch == '_' || ch == '-')
+			out[k++] = ch;
+	}
+	out[k] = 0;
+	if (!k)
+		snprintf(out, n, "none");
+}
+
 static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       bool json)
 {
-	char la[64], ra[64];
+	char la[64], ra[64], fab[20];
+	fabric_str(c, fab, sizeof fab);
 	addr_str(&c->local, la, sizeof la);
 	addr_str(&c->remote, ra, sizeof ra);
 	if (json)
 		printf("%s\n {\"pid\": %d, \"fd\": %d, \"local\": \"%s\", "
-		       "\"remote\": \"%s\", \"transport\": \"%s\", "
+		       "\"remote\": \"%s\", \"transport\": \"%s\", \"fabric\": \"%s\", "
 		       "\"state\": \"%s\", \"mode\": \"%s\", "
 		       "\"role\": \"%s\", "
 		       "\"tx_bytes\": %llu, \"rx_bytes\": %llu, "
@@ -485,9 +502,10 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       "\"tx_bcopy_bytes\": %llu, \"rx_bcopy_bytes\": %llu, "
 		       "\"tx_rzcopy_bytes\": %llu, \"rx_rzcopy_bytes\": %llu, "
 		       "\"tx_wzcopy_bytes\": %llu, \"rx_wzcopy_bytes\": %llu, "
+		       "\"mr_cache_hits\": %llu, \"mr_cache_misses\": %llu, "
 		       "\"credits\": %u}",
 		       first ? "" : ",", pid, fd, la, ra,
-		       c->transport ? "sdp" : "tcp",
+		       c->transport ? "sdp" : "tcp", fab,
 		       state_name(st), mode_name(c->mode),
 		       c->role == SDP_ROLE_SERVER ? "server" : "client",
 		       (unsigned long long)c->st.tx_bytes,
@@ -500,6 +518,8 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       (unsigned long long)c->st.rx_rzcopy_bytes,
 		       (unsigned long long)c->st.tx_wzcopy_bytes,
 		       (unsigned long long)c->st.rx_wzcopy_bytes,
+		       (unsigned long long)c->ep.mr_hits,
+		       (unsigned long long)c->ep.mr_misses,
 		       c->st.credits);
 	else
 		printf("%-7d %-4d %-22s %-22s %-5s %-11s %-9s %12llu %12llu %9llu %9llu %4u\n",

@@ -1,0 +1,816 @@
+/*
+ * ofi_chan.c - the ofi provider's data path: the message channel with
+ * credits, the control blocks, wake-ups, marks and what a fallback reads;
+ * and the ops table (fab_ofi_ops).
+ *
+ * Message channel (Buffer Copy over FI_MSG, as in the SDP papers): the
+ * receiver posts nslots + OFI_KICKS receive buffers; each engine message
+ * is one FI_MSG send from our tx ring into the next one, i.e. one credit.
+ * Credits come back BSDH-style: every message carries the sender's
+ * consumption of ours (mseq_ack), and the receiver copies its control
+ * block (cons among it) with an RDMA Write when the sender may be waiting,
+ * when its queue ran empty, or every nslots/8 messages.
+ *
+ * State words (marks, byte window, zero-copy words): each side's
+ * control block (struct ofi_ctl) is written by it and copied into the
+ * peer's ctl[1] with one RDMA Write of 256 bytes; the engine reads the
+ * peer's words there without a lock, as on shm.
+ *
+ * Wake-ups: a message that arrives completes on the receiver's CQ, whose
+ * wait object is in the connection's wait descriptor: a receiver asleep
+ * for data needs nothing more. A side that sleeps for credits or zero-
+ * copy words "arms": it records what it waits for and the peer's version
+ * it has seen, copies its block and sends an 8-byte kick, which wakes the
+ * peer; the peer kicks back once it has (or gets) a newer version than
+ * the one seen. Marks always come with a kick. At most OFI_KICKS kicks
+ * are in flight each way (the receiver's kicks_reaped bounds them); a
+ * side that has that many out does not need to send another: the peer
+ * will wake for those.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <sched.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "fabric/ofi.h"
+#include "sdp/sys.h"
+
+/* ---- which connection ---------------------------------------------------- */
+
+struct ofi_conn *ofi_of(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ep->base;
+	/* A forked process has a copy of the pointer, not of the objects:
+	 * only the process that set the endpoint up may use it. */
+	if (!oc || oc->owner != ofi_p.pid)
+		return NULL;
+	return oc;
+}
+
+static int state(struct ofi_conn *oc)
+{
+	return atomic_load_explicit(&oc->state, memory_order_acquire);
+}
+
+static void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#else
+	sched_yield();
+#endif
+}
+
+/* ---- posting ------------------------------------------------------------- */
+
+int ofi_post_recv(struct ofi_conn *oc, uint32_t buf)
+{
+	struct ofi_op *op = &oc->rxop[buf];
+	op->kind = OFI_OP_RECV;
+	op->idx = buf;
+	for (int tries = 0;; tries++) {
+		ssize_t r = fi_recv(oc->ep, oc->rx + (size_t)buf * oc->slot_size,
+				    oc->slot_size, oc->desc, 0, &op->ctx);
+		if (r != -FI_EAGAIN)
+			return (int)r;
+		if (tries > 1000000)
+			return -EAGAIN;
+		ofi_progress(oc);
+		relax();
+	}
+}
+
+struct ofi_op *ofi_misc_op(struct ofi_conn *oc)
+{
+	/* Bounded: wait for one to complete if all are in flight. */
+	for (int i = 0; atomic_load(&oc->misc_busy) >= OFI_MISC_CTX - 1; i++) {
+		if (state(oc) == OFI_ST_DOWN || i > 10000000)
+			return NULL;
+		ofi_progress(oc);
+		relax();
+	}
+	atomic_fetch_add(&oc->misc_busy, 1);
+	uint32_t k = atomic_fetch_add(&oc->misc_next, 1) % OFI_MISC_CTX;
+	struct ofi_op *op = &oc->miscop[k];
+	op->kind = OFI_OP_MISC;
+	op->idx = k;
+	return op;
+}
+
+void ofi_misc_done(struct ofi_conn *oc)
+{
+	atomic_fetch_sub(&oc->misc_busy, 1);
+}
+
+/* Retry an operation the provider's queue refused for now. */
+#define OFI_RETRY(oc, call) ({                                              \
+	ssize_t r_;                                                         \
+	for (int t_ = 0;; t_++) {                                           \
+		r_ = (call);                                                \
+		if (r_ != -FI_EAGAIN || state(oc) == OFI_ST_DOWN ||         \
+		    t_ > 10000000)                                          \
+			break;                                              \
+		ofi_progress(oc);                                           \
+		relax();                                                    \
+	}                                                                   \
+	r_; })
+
+/* Copy our control block into the peer's ctl[1] (RDMA Write). */
+int ofi_publish(struct ofi_conn *oc)
+{
+	if (state(oc) != OFI_ST_UP)
+		return 0;
+	struct ofi_ctl *m = oc->me;
+	uint64_t v = atomic_load(&m->vers_head) + 1;
+	atomic_store(&m->vers_head, v);
+	atomic_store(&m->vers_tail, v);
+	atomic_store(&oc->published, atomic_load(&m->cons));
+	struct ofi_op *op = ofi_misc_op(oc);
+	if (!op)
+		return -ECONNRESET;
+	ssize_t r = OFI_RETRY(oc, fi_write(oc->ep, m, sizeof *m, oc->desc, 0,
+					   oc->peer_ctl_addr, oc->peer_ctl_key, &op->ctx));
+	if (r) {
+		ofi_misc_done(oc);
+		ofi_fail(oc, (int)r, "RDMA Write of the control block");
+		return (int)r;
+	}
+	return 0;
+}
+
+/* Send a wake-up, if fewer than OFI_KICKS are in flight. 1 sent, 0 not. */
+static int send_kick(struct ofi_conn *oc)
+{
+	uint32_t sent = atomic_load(&oc->kicks_sent);
+	uint64_t reaped = atomic_load_explicit(&oc->peer->kicks_reaped, memory_order_acquire);
+	if ((uint64_t)sent - reaped >= OFI_KICKS)
+		return 0;                     /* the peer will wake for those */
+	atomic_fetch_add(&oc->kicks_sent, 1);
+	oc->kick->magic = OFI_KICK_MAGIC;
+	oc->kick->seq = sent + 1;
+	ssize_t r;
+	if (oc->dom->inject >= sizeof *oc->kick) {
+		r = OFI_RETRY(oc, fi_inject(oc->ep, oc->kick, sizeof *oc->kick, 0));
+	} else {
+		struct ofi_op *op = ofi_misc_op(oc);
+		if (!op)
+			return 0;
+		r = OFI_RETRY(oc, fi_send(oc->ep, oc->kick, sizeof *oc->kick, oc->desc, 0,
+					  &op->ctx));
+		if (r)
+			ofi_misc_done(oc);
+	}
+	if (r) {
+		ofi_fail(oc, (int)r, "send of a wake-up");
+		return 0;
+	}
+	return 1;
+}
+
+/* The peer's version as we have it: the older end of a copy in progress. */
+static uint64_t peer_version(struct ofi_conn *oc)
+{
+	uint64_t t = atomic_load_explicit(&oc->peer->vers_tail, memory_order_acquire);
+	uint64_t h = atomic_load_explicit(&oc->peer->vers_head, memory_order_acquire);
+	return h < t ? h : t;
+}
+
+/* After our state moved or the peer's arm arrived: does the peer sleep
+ * for something we have published since it looked? Then kick it, once
+ * per arm. Also publish consumption it may be waiting for. */
+static int service(struct ofi_conn *oc)
+{
+	struct ofi_ctl *p = oc->peer, *m = oc->me;
+	uint32_t armed = atomic_load_explicit(&p->armed, memory_order_acquire);
+	if (!armed)
+		return 0;
+	if ((armed & FAB_WAIT_CREDIT) &&
+	    atomic_load(&m->cons) != atomic_load(&oc->published))
+		ofi_publish(oc);
+	uint32_t seq = atomic_load_explicit(&p->arm_seq, memory_order_acquire);
+	if (seq == atomic_load(&oc->kicked_for))
+		return 0;
+	uint64_t seen = atomic_load_explicit(&p->seen, memory_order_acquire);
+	uint64_t mine = atomic_load(&m->vers_head);
+	if (seen >= mine)
+		return 0;                     /* it saw all we published */
+	atomic_store(&oc->kicked_for, seq);
+	return send_kick(oc);
+}
+
+/* ---- progress: reap the completion queue --------------------------------- */
+
+static void on_recv(struct ofi_conn *oc, struct ofi_op *op, size_t len, bool *kicked)
+{
+	uint32_t buf = op->idx;
+	const char *m = oc->rx + (size_t)buf * oc->slot_size;
+	if (len == sizeof(struct ofi_kick)) {
+		struct ofi_kick k;
+		memcpy(&k, m, sizeof k);
+		if (k.magic == OFI_KICK_MAGIC) {
+			uint64_t n = atomic_fetch_add(&oc->kicks_reaped, 1) + 1;
+			atomic_store(&oc->me->kicks_reaped, n);
+			*kicked = true;
+			if (ofi_post_recv(oc, buf))
+				ofi_fail(oc, -EIO, "re-posting a receive buffer");
+			return;
+		}
+	}
+	if (len < sizeof(struct sdp_bsdh) || len > oc->slot_size) {
+		ofi_fail(oc, -EPROTO, "a message of impossible length");
+		return;
+	}
+	uint64_t a = atomic_load_explicit(&oc->arrived, memory_order_relaxed);
+	if (a - atomic_load(&oc->cons) >= oc->nslots) {
+		ofi_fail(oc, -EPROTO, "more messages than credits");
+		return;
+	}
+	/* BSDH-style credit: the sender's consumption of our messages. */
+	struct sdp_bsdh h;
+	memcpy(&h, m, sizeof h);
+	uint64_t prod = atomic_load(&oc->tx_prod), known = atomic_load(&oc->peer_cons);
+	uint64_t ack = prod - (uint32_t)((uint32_t)prod - h.mseq_ack);
+	if (ack <= prod && ack > known && prod - ack <= oc->nslots)
+		atomic_store(&oc->peer_cons, ack);
+	oc->order[a % oc->nbufs] = buf;
+	if (a == atomic_load(&oc->cons))
+		atomic_store_explicit(&oc->since, fab_clock(), memory_order_relaxed);
+	atomic_store_explicit(&oc->arrived, a + 1, memory_order_release);
+}
+
+static void reap(struct ofi_conn *oc)
+{
+	struct fi_cq_msg_entry ev[16];
+	bool kicked = false;
+	for (int rounds = 0; rounds < 64; rounds++) {
+		ssize_t n = fi_cq_read(oc->cq, ev, 16);
+		if (n == -FI_EAGAIN)
+			break;
+		if (n == -FI_EAVAIL) {
+			struct fi_cq_err_entry ee;
+			memset(&ee, 0, sizeof ee);
+			if (fi_cq_readerr(oc->cq, &ee, 0) < 0)
+				break;
+			struct ofi_op *op = ee.op_context;
+			int e = ee.err ? ee.err : EIO;
+			if (op && op->kind == OFI_OP_READ) {
+				/* the caller of the read decides (ofi_mr.c) */
+				atomic_store(&oc->read_err, -e);
+				atomic_fetch_add(&oc->reads_done, 1);
+				ofi_misc_done(oc);
+				continue;
+			}
+			if (op && op->kind == OFI_OP_MISC)
+				ofi_misc_done(oc);
+			if (ee.err == FI_ECANCELED)
+				continue;
+			ofi_fail(oc, -e, "a fabric operation failed");
+			continue;
+		}
+		if (n < 0) {
+			ofi_fail(oc, (int)n, "reading the completion queue");
+			break;
+		}
+		for (ssize_t i = 0; i < n; i++) {
+			struct ofi_op *op = ev[i].op_context;
+			if (!op)
+				continue;
+			if (op->kind == OFI_OP_RECV && (ev[i].flags & FI_RECV))
+				on_recv(oc, op, ev[i].len, &kicked);
+			else if (op->kind == OFI_OP_MISC)
+				ofi_misc_done(oc);
+			else if (op->kind == OFI_OP_READ) {
+				atomic_fetch_add(&oc->reads_done, 1);
+				ofi_misc_done(oc);
+			}
+		}
+		if (n < 16)
+			break;
+	}
+	/* The peer may sleep for words we have moved, or have armed just
+	 * now (its kick brought the arm). */
+	if (kicked || atomic_load_explicit(&oc->peer->armed, memory_order_relaxed))
+		service(oc);
+	/* Tell the peer we took its kicks before it runs out of them. */
+	if (kicked) {
+		uint32_t sent_by_peer = (uint32_t)atomic_load(&oc->kicks_reaped);
+		if (sent_by_peer % (OFI_KICKS / 2) == 0)
+			ofi_publish(oc);
+	}
+}
+
+void ofi_progress(struct ofi_conn *oc)
+{
+	int st = state(oc);
+	if (st != OFI_ST_UP) {
+		if (st == OFI_ST_TCP || st == OFI_ST_DOWN)
+			return;
+		ofi_chan_progress(oc);
+		if (pthread_mutex_trylock(&ofi_p.lock) == 0) {
+			ofi_cm_progress(oc->dom);
+			pthread_mutex_unlock(&ofi_p.lock);
+		}
+		if (state(oc) != OFI_ST_UP)
+			return;
+	}
+	if (pthread_mutex_trylock(&oc->plock) != 0)
+		return;                       /* another thread reaps */
+	reap(oc);
+	pthread_mutex_unlock(&oc->plock);
+}
+
+void ofi_fail(struct ofi_conn *oc, int err, const char *why)
+{
+	int st = state(oc);
+	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
+		return;
+	oc->err = err < 0 ? err : -EIO;
+	if (st != OFI_ST_UP) {
+		/* Nothing was ever sent over the fabric: both ends use TCP. */
+		OFI_LOG(1, "ofi: %s (%s) before the connection came up: TCP", why,
+			ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
+		atomic_store(&oc->state, OFI_ST_TCP);
+		if (oc->chan >= 0) {
+			sys_close(oc->chan);      /* tells the client, if it waits */
+			oc->chan = -1;
+		}
+		return;
+	}
+	/* The peer closed (its marks, or its endpoint went away): what we
+	 * still send is lost as on TCP, the engine reads the marks. */
+	if (oc->peer_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT))) {
+		OFI_LOG(2, "ofi: %s after the peer closed", why);
+		return;
+	}
+	OFI_LOG(0, "ofi: %s (%s): connection reset", why,
+		ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
+	atomic_store(&oc->state, OFI_ST_DOWN);
+}
+
+void ofi_up(struct ofi_conn *oc)
+{
+	atomic_store(&oc->state, OFI_ST_UP);
+	if (oc->chan >= 0) {
+		sys_close(oc->chan);
+		oc->chan = -1;
+	}
+	ofi_publish(oc);                      /* what we wrote before */
+	send_kick(oc);                        /* a sleeper looks again */
+}
+
+/* ---- message channel ------------------------------------------------------ */
+
+static void *ofi_tx_buf(struct fab_ep *ep, size_t *cap)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	*cap = ep->slot_size;
+	if (!oc)
+		return NULL;
+	uint64_t p = atomic_load_explicit(&oc->tx_prod, memory_order_relaxed);
+	return oc->tx + (p % oc->nslots) * oc->slot_size;
+}
+
+static int ofi_post(struct fab_ep *ep, size_t len)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || state(oc) != OFI_ST_UP)
+		return -ECONNRESET;
+	uint64_t p = atomic_load_explicit(&oc->tx_prod, memory_order_relaxed);
+	uint32_t slot = (uint32_t)(p % oc->nslots);
+	struct ofi_op *op = &oc->txop[slot];
+	op->kind = OFI_OP_SEND;
+	op->idx = slot;
+	ssize_t r = OFI_RETRY(oc, fi_send(oc->ep, oc->tx + (size_t)slot * oc->slot_size,
+					  len, oc->desc, 0, &op->ctx));
+	if (r) {
+		ofi_fail(oc, (int)r, "send of a message");
+		return (int)r;
+	}
+	atomic_store_explicit(&oc->tx_prod, p + 1, memory_order_release);
+	/* The message carries our consumption (its BSDH): as good as a copy
+	 * of our block for the peer's credits. */
+	atomic_store(&oc->published, atomic_load(&oc->me->cons));
+	return 0;
+}
+
+static uint32_t ofi_rx_pending(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return 0;
+	ofi_progress(oc);
+	uint64_t c = atomic_load_explicit(&oc->cons, memory_order_acquire);
+	uint64_t a = atomic_load_explicit(&oc->arrived, memory_order_acquire);
+	return a >= c ? (uint32_t)(a - c) : 0;
+}
+
+static int ofi_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg, size_t *cap)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return -EAGAIN;
+	if (idx >= ofi_rx_pending(ep))
+		return -EAGAIN;
+	uint64_t c = atomic_load_explicit(&oc->cons, memory_order_relaxed) + idx;
+	uint32_t buf = oc->order[c % oc->nbufs];
+	*msg = oc->rx + (size_t)buf * oc->slot_size;
+	*cap = oc->slot_size;
+	return 0;
+}
+
+/* Copy our consumption to the peer when it may wait for it. */
+static void maybe_publish_cons(struct ofi_conn *oc)
+{
+	uint64_t c = atomic_load(&oc->cons);
+	uint64_t pub = atomic_load(&oc->published);
+	uint32_t batch = oc->nslots / 8 ? oc->nslots / 8 : 1;
+	if (c == pub)
+		return;
+	if ((atomic_load_explicit(&oc->peer->armed, memory_order_relaxed) & FAB_WAIT_CREDIT) ||
+	    c == atomic_load(&oc->arrived) || c - pub >= batch)
+		ofi_publish(oc);
+}
+
+static int ofi_rx_release(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return -ECONNRESET;
+	uint64_t c = atomic_load_explicit(&oc->cons, memory_order_relaxed);
+	uint32_t buf = oc->order[c % oc->nbufs];
+	if (state(oc) == OFI_ST_UP && ofi_post_recv(oc, buf))
+		ofi_fail(oc, -EIO, "re-posting a receive buffer");
+	atomic_store_explicit(&oc->cons, c + 1, memory_order_release);
+	atomic_store(&oc->me->cons, c + 1);
+	maybe_publish_cons(oc);
+	return 0;
+}
+
+static uint64_t peer_cons(struct ofi_conn *oc)
+{
+	uint64_t a = atomic_load_explicit(&oc->peer->cons, memory_order_acquire);
+	uint64_t b = atomic_load_explicit(&oc->peer_cons, memory_order_acquire);
+	return a > b ? a : b;
+}
+
+static uint32_t ofi_credits(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return 0;
+	ofi_progress(oc);
+	if (state(oc) != OFI_ST_UP)
+		return 0;
+	uint64_t sent = atomic_load(&oc->tx_prod), acked = peer_cons(oc);
+	if (acked > sent || sent - acked > oc->nslots)
+		return 0;
+	return oc->nslots - (uint32_t)(sent - acked);
+}
+
+static uint64_t ofi_tx_seq(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc ? atomic_load(&oc->tx_prod) : 0;
+}
+
+static uint64_t ofi_rx_seq(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc ? atomic_load(&oc->cons) : 0;
+}
+
+/* Stamped here, by our clock, when a message reaped found the queue empty. */
+static uint64_t ofi_rx_since(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || atomic_load(&oc->arrived) == atomic_load(&oc->cons))
+		return 0;
+	return atomic_load_explicit(&oc->since, memory_order_relaxed);
+}
+
+/* ---- byte window ------------------------------------------------------------ */
+
+static void ofi_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (oc)
+		atomic_store(&oc->me->rx_bytes, bytes);   /* copied with the next change */
+}
+
+static uint64_t ofi_peer_rx_bytes(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc ? atomic_load_explicit(&oc->peer->rx_bytes, memory_order_acquire) : 0;
+}
+
+static void ofi_set_rcvbuf(struct fab_ep *ep, uint32_t bytes)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return;
+	atomic_store(&oc->me->rcvbuf, bytes);
+	ofi_publish(oc);
+}
+
+static uint32_t ofi_peer_rcvbuf(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc ? atomic_load_explicit(&oc->peer->rcvbuf, memory_order_relaxed) : 0;
+}
+
+static void ofi_set_tx_limited(struct fab_ep *ep, bool on)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || atomic_load_explicit(&oc->me->tx_limited, memory_order_relaxed) == on)
+		return;
+	atomic_store(&oc->me->tx_limited, on);
+	ofi_publish(oc);
+}
+
+static bool ofi_peer_tx_limited(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc && atomic_load_explicit(&oc->peer->tx_limited, memory_order_relaxed) != 0;
+}
+
+/* ---- marks ------------------------------------------------------------------- */
+
+static void ofi_mark(struct fab_ep *ep, unsigned m)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return;
+	struct ofi_ctl *me = oc->me;
+	m &= FAB_M_FIN | FAB_M_ABORT | FAB_M_RD_SHUT | FAB_M_CLOSED | FAB_M_FB;
+	if ((m & FAB_M_FIN) && !(atomic_load(&me->marks) & FAB_M_FIN))
+		atomic_store(&me->fin_seq, atomic_load(&oc->tx_prod));
+	if ((atomic_fetch_or(&me->marks, m) & m) == m)
+		return;                       /* nothing new */
+	/* A mark changes what the peer's waits look at: copy and wake. */
+	if (ofi_publish(oc) == 0 && state(oc) == OFI_ST_UP)
+		send_kick(oc);
+}
+
+static unsigned ofi_marks(struct fab_ep *ep, unsigned want)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return want & FAB_M_ABORT;    /* not ours to use here */
+	ofi_progress(oc);
+	unsigned r = 0;
+	int st = state(oc);
+	uint32_t pm = atomic_load_explicit(&oc->peer->marks, memory_order_acquire);
+	if (st == OFI_ST_TCP)
+		pm |= FAB_M_FB | FAB_M_FB_FINAL;  /* never up: the peer is on TCP */
+	if (st == OFI_ST_DOWN)
+		pm |= FAB_M_ABORT;
+	r |= pm & want & 0xffffu;
+	if (want & FAB_MY(0xffffu))
+		r |= FAB_MY(atomic_load(&oc->me->marks)) & want;
+	if ((want & FAB_M_FIN_READ) && (pm & FAB_M_FIN) &&
+	    atomic_load(&oc->cons) >= atomic_load(&oc->peer->fin_seq))
+		r |= FAB_M_FIN_READ;
+	if ((want & FAB_M_CAUGHT_UP) && peer_cons(oc) >= atomic_load(&oc->tx_prod))
+		r |= FAB_M_CAUGHT_UP;
+	return r;
+}
+
+static bool insane(const char **why, const char *what)
+{
+	if (why)
+		*why = what;
+	return false;
+}
+
+static bool ofi_peer_sane(struct fab_ep *ep, const char **why)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || state(oc) != OFI_ST_UP)
+		return true;
+	struct ofi_ctl *p = oc->peer;
+	uint64_t prod = atomic_load(&oc->tx_prod);
+	if (atomic_load(&p->cons) > prod)
+		return insane(why, "credits for messages never sent");
+	uint64_t fs = atomic_load(&p->fin_seq);
+	if ((atomic_load(&p->marks) & FAB_M_FIN) &&
+	    fs > atomic_load(&oc->arrived) + oc->nslots)
+		return insane(why, "FIN after messages that do not exist");
+	if (atomic_load(&p->kicks_reaped) > atomic_load(&oc->kicks_sent))
+		return insane(why, "wake-ups that were never sent");
+	return true;
+}
+
+/* ---- zero-copy words -------------------------------------------------------- */
+
+static struct sdp_zctl zc_none[2];        /* for a process that does not own it */
+
+static struct sdp_zctl *ofi_zc_me(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc ? &oc->me->zc : &zc_none[0];
+}
+
+static struct sdp_zctl *ofi_zc_peer(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc ? &oc->peer->zc : &zc_none[1];
+}
+
+static void ofi_zc_publish(struct fab_ep *ep, size_t off, size_t len)
+{
+	(void)off;
+	(void)len;
+	struct ofi_conn *oc = ofi_of(ep);
+	if (oc)
+		ofi_publish(oc);
+}
+
+/* Our own words only: the peer's cannot be swapped without fabric
+ * atomics (FAB_T_NO_SINK), so a SinkAvail is never taken. */
+static uint32_t ofi_zc_cas(struct fab_ep *ep, unsigned whose, size_t off,
+			   uint32_t expect, uint32_t desired)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || whose != FAB_OURS || off > sizeof(struct sdp_zctl) - 4 || (off & 3))
+		return ~expect;
+	_Atomic uint32_t *w = (_Atomic uint32_t *)((char *)&oc->me->zc + off);
+	if (atomic_compare_exchange_strong(w, &expect, desired))
+		ofi_publish(oc);
+	return expect;
+}
+
+/* ---- wake-ups ---------------------------------------------------------------- */
+
+static void ofi_arm(struct fab_ep *ep, unsigned what)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || state(oc) != OFI_ST_UP)
+		return;
+	/* A message wakes its receiver by itself: only waits for the
+	 * peer's words need the peer told. */
+	what &= FAB_WAIT_CREDIT | FAB_WAIT_ZC;
+	struct ofi_ctl *m = oc->me;
+	if (what) {
+		atomic_fetch_or(&m->armed, what);
+		atomic_store(&m->seen, peer_version(oc));
+		atomic_fetch_add(&m->arm_seq, 1);
+		ofi_publish(oc);
+		send_kick(oc);
+	}
+	/* Sleeping on the CQ's wait object: the provider may ask to be
+	 * told first (verbs arms the completion channel here); the check
+	 * that follows reaps whatever is already there. */
+	struct fid *f = &oc->cq->fid;
+	(void)fi_trywait(oc->dom->fabric, &f, 1);
+}
+
+static void ofi_disarm(struct fab_ep *ep, unsigned what)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (oc)
+		atomic_fetch_and(&oc->me->armed, ~what);  /* a stale arm costs a kick */
+}
+
+static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
+{
+	(void)wfd;
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || state(oc) != OFI_ST_UP)
+		return 0;
+	struct ofi_ctl *p = oc->peer, *m = oc->me;
+	if (what & FAB_WAIT_CREDIT) {
+		/* Consumption, a larger window, partial reads a byte-limited
+		 * sender waits for. */
+		if (atomic_load(&m->cons) != atomic_load(&oc->published) ||
+		    atomic_load_explicit(&p->tx_limited, memory_order_relaxed) ||
+		    (atomic_load_explicit(&p->armed, memory_order_relaxed) & FAB_WAIT_CREDIT))
+			ofi_publish(oc);
+	}
+	if (!(atomic_load_explicit(&p->armed, memory_order_acquire) & what))
+		return 0;
+	return service(oc);
+}
+
+/* Reap; then the TCP socket's own news: FIN (1) or a reset (-errno). */
+static int ofi_drain(struct fab_ep *ep, int wfd)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (oc)
+		ofi_progress(oc);
+	char b;
+	ssize_t r = sys_recvfrom(wfd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
+	if (r == 0)
+		return 1;
+	if (r < 0 && errno != EAGAIN && errno != EINTR)
+		return -errno;
+	return 0;
+}
+
+static uint64_t ofi_tokens_due(struct fab_ep *ep)
+{
+	(void)ep;
+	return 0;                             /* nothing travels on the TCP socket */
+}
+
+static void ofi_tokens_took(struct fab_ep *ep, uint64_t n)
+{
+	(void)ep;
+	(void)n;
+}
+
+/* ---- fallback to TCP ------------------------------------------------------ */
+
+static void ofi_fb_publish(struct fab_ep *ep, uint32_t rx_off)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return;
+	struct ofi_ctl *m = oc->me;
+	atomic_store(&m->fb_rx_cons, atomic_load(&oc->cons));
+	atomic_store(&m->fb_rx_off, rx_off);
+	atomic_fetch_or(&m->marks, FAB_M_FB | FAB_M_FB_FINAL);
+	if (ofi_publish(oc) == 0 && state(oc) == OFI_ST_UP)
+		send_kick(oc);
+}
+
+static void ofi_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || state(oc) == OFI_ST_TCP) {
+		*cons = 0;                    /* never up: nothing was consumed */
+		*off = 0;
+		return;
+	}
+	*cons = atomic_load(&oc->peer->fb_rx_cons);
+	*off = atomic_load(&oc->peer->fb_rx_off);
+}
+
+static const void *ofi_tx_msg(struct fab_ep *ep, uint64_t seq)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc)
+		return NULL;
+	return oc->tx + (seq % oc->nslots) * oc->slot_size;
+}
+
+const struct fab_ops fab_ofi_ops = {
+	.name        = "ofi",
+	.id          = FAB_ID_OFI,
+	.traits      = FAB_T_PRIVATE | FAB_T_MR_KEYS | FAB_T_NO_SINK | FAB_T_REMOTE,
+	/* choice and set-up (ofi_cm.c) */
+	.init        = ofi_init,
+	.reaches     = ofi_reaches,
+	.offer       = ofi_offer,
+	.accept      = ofi_accept,
+	.connected   = ofi_connected,
+	.detach      = ofi_detach,
+	.unmap       = ofi_unmap,
+	/* message channel */
+	.tx_buf      = ofi_tx_buf,
+	.post        = ofi_post,
+	.rx_peek     = ofi_rx_peek,
+	.rx_release  = ofi_rx_release,
+	.credits     = ofi_credits,
+	.rx_pending  = ofi_rx_pending,
+	.tx_seq      = ofi_tx_seq,
+	.rx_seq      = ofi_rx_seq,
+	.rx_since    = ofi_rx_since,
+	/* byte window */
+	.set_rx_bytes    = ofi_set_rx_bytes,
+	.peer_rx_bytes   = ofi_peer_rx_bytes,
+	.set_rcvbuf      = ofi_set_rcvbuf,
+	.peer_rcvbuf     = ofi_peer_rcvbuf,
+	.set_tx_limited  = ofi_set_tx_limited,
+	.peer_tx_limited = ofi_peer_tx_limited,
+	/* marks */
+	.mark        = ofi_mark,
+	.marks       = ofi_marks,
+	.peer_sane   = ofi_peer_sane,
+	/* zero-copy words */
+	.zc_me       = ofi_zc_me,
+	.zc_peer     = ofi_zc_peer,
+	.zc_publish  = ofi_zc_publish,
+	.zc_cas      = ofi_zc_cas,
+	.probe_addr  = ofi_probe_addr,
+	.probe       = ofi_probe,
+	/* RDMA (ofi_mr.c) */
+	.rdma_read   = ofi_rdma_read,
+	.rdma_write  = ofi_rdma_write,
+	/* wake-ups */
+	.arm         = ofi_arm,
+	.disarm      = ofi_disarm,
+	.kick        = ofi_kick,
+	.drain       = ofi_drain,
+	.tokens_due  = ofi_tokens_due,
+	.tokens_took = ofi_tokens_took,
+	.wait_fd     = ofi_wait_fd,
+	/* memory keys */
+	.mr_key      = ofi_mr_key,
+	/* fallback */
+	.fb_publish  = ofi_fb_publish,
+	.fb_peer_pos = ofi_fb_peer_pos,
+	.tx_msg      = ofi_tx_msg,
+};
