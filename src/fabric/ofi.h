@@ -318,6 +318,7 @@ void ofi_detach(struct fab_ep *ep);
 void ofi_unmap(struct fab_ep *ep);
 int  ofi_wait_fd(struct fab_ep *ep, int tcpfd);
 void ofi_cm_progress(struct ofi_dom *d);     /* the EQ, without blocking */
+void ofi_dom_added(struct ofi_dom *d);       /* a new domain's EQ wakes every connection */
 void ofi_chan_progress(struct ofi_conn *oc); /* client: the server's answer */
 void ofi_init(const struct fab_params *p);
 bool ofi_reaches(const struct sockaddr *peer, socklen_t len);

@@ -310,7 +310,11 @@ void ofi_progress(struct ofi_conn *oc)
 			return;
 		ofi_chan_progress(oc);
 		if (pthread_mutex_trylock(&ofi_p.lock) == 0) {
-			ofi_cm_progress(oc->dom);
+			/* every domain: a connection set up in this process
+			 * may wait on another one's events (its peer here) */
+			for (int i = 0; i < OFI_MAX_DOMAINS; i++)
+				if (ofi_p.dom[i].used)
+					ofi_cm_progress(&ofi_p.dom[i]);
 			pthread_mutex_unlock(&ofi_p.lock);
 		}
 		if (state(oc) != OFI_ST_UP)

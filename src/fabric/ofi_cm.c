@@ -80,6 +80,7 @@ static int epoll_add(int epfd, int fd)
 	return (int)syscall(SYS_epoll_ctl, epfd, EPOLL_CTL_ADD, fd, &ev);
 }
 
+
 /* A descriptor of ours far from the numbers applications expect. */
 static int high_fd(int fd)
 {
@@ -164,8 +165,13 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	    fi_control(&oc->cq->fid, FI_GETWAIT, &oc->cq_fd))
 		goto fail;
 	oc->wfd = high_fd((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
-	if (oc->wfd < 0 || epoll_add(oc->wfd, oc->cq_fd) || epoll_add(oc->wfd, d->eq_fd))
+	if (oc->wfd < 0 || epoll_add(oc->wfd, oc->cq_fd))
 		goto fail;
+	/* Every domain's events wake it (set-up of a peer in this process
+	 * may need them; ofi_dom_for adds later domains). */
+	for (int i = 0; i < OFI_MAX_DOMAINS; i++)
+		if (ofi_p.dom[i].used && epoll_add(oc->wfd, ofi_p.dom[i].eq_fd))
+			goto fail;
 	return oc;
 fail:
 	conn_free(oc);
@@ -375,6 +381,7 @@ void ofi_cm_progress(struct ofi_dom *d)
 		if (n < 0)
 			return;
 		size_t dlen = (size_t)n > sizeof u.e ? (size_t)n - sizeof u.e : 0;
+		OFI_LOG(3, "ofi: event %u (%zu bytes of data)", ev, dlen);
 		if (ev == FI_CONNREQ) {
 			if (u.e.info) {
 				take_request(d, &u.e, dlen);
@@ -424,6 +431,7 @@ void ofi_chan_progress(struct ofi_conn *oc)
 		return;
 	char a;
 	ssize_t r = sys_recvfrom(oc->chan, &a, 1, MSG_DONTWAIT);
+	OFI_LOG(3, "ofi: answer %zd", r);
 	if (r == 1 && a == OFI_ANSWER_YES && st == OFI_ST_ANSWER) {
 		atomic_store(&oc->state, OFI_ST_WAITREQ);
 		return;

@@ -26,6 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/epoll.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "fabric/ofi.h"
 
@@ -320,10 +323,19 @@ struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len)
 	d->rxq = info->rx_attr->size;
 	d->key_bytes = (uint8_t)info->domain_attr->mr_key_size;
 	d->used = true;
+	ofi_dom_added(d);
 	return d;
 }
 
 /* ---- the process's connections (EQ events name them) ----------------------- */
+
+void ofi_dom_added(struct ofi_dom *d)
+{
+	for (int i = 0; i < ofi_p.nconns; i++) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.fd = d->eq_fd };
+		syscall(SYS_epoll_ctl, ofi_p.conns[i]->wfd, EPOLL_CTL_ADD, d->eq_fd, &ev);
+	}
+}
 
 void ofi_conn_add(struct ofi_conn *oc)
 {

@@ -206,22 +206,63 @@ static inline long tl_verify(const void *buf, size_t len, uint64_t off,
 				b_[i_], tl_pat(o_ + (uint64_t)i_, (seed))); \
 	} while (0)
 
+/* ---- two hosts (tests/netns) ------------------------------------------ */
+
+/* With TL_NET_CLIENT_NS (a network namespace file, /run/netns/NAME) and
+ * TL_NET_SERVER4 / TL_NET_SERVER6 set, the program runs in the server's
+ * namespace and every socket tl_connect makes is created and connected in
+ * the client's namespace (setns around it): listeners and connections
+ * are two hosts apart, joined by a veth pair, and the servers' address is
+ * the given one instead of loopback. */
+#include <sched.h>
+static inline const char *tl_net_server(int family)
+{
+	const char *e = getenv(family == AF_INET6 ? "TL_NET_SERVER6" : "TL_NET_SERVER4");
+	return e && *e && getenv("TL_NET_CLIENT_NS") ? e : NULL;
+}
+
+/* Enter the client's namespace (1) or go back home (0). */
+static inline void tl_net_enter(int client)
+{
+	static int home = -1, away = -1;
+	const char *ns = getenv("TL_NET_CLIENT_NS");
+	if (!ns || !*ns)
+		return;
+	if (home < 0) {
+		home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+		away = open(ns, O_RDONLY | O_CLOEXEC);
+		if (home < 0 || away < 0) {
+			fprintf(stderr, "TL_NET_CLIENT_NS %s: %s\n", ns, strerror(errno));
+			exit(1);
+		}
+	}
+	if (setns(client ? away : home, CLONE_NEWNET) < 0) {
+		fprintf(stderr, "setns: %s\n", strerror(errno));
+		exit(1);
+	}
+}
+
 /* ---- sockets ---------------------------------------------------------- */
 
 static inline socklen_t tl_addr(int family, uint16_t port,
 				struct sockaddr_storage *ss)
 {
 	memset(ss, 0, sizeof *ss);
+	const char *srv = tl_net_server(family);
 	if (family == AF_INET6) {
 		struct sockaddr_in6 *a = (struct sockaddr_in6 *)ss;
 		a->sin6_family = AF_INET6;
 		a->sin6_addr = in6addr_loopback;
+		if (srv)
+			inet_pton(AF_INET6, srv, &a->sin6_addr);
 		a->sin6_port = htons(port);
 		return sizeof *a;
 	}
 	struct sockaddr_in *a = (struct sockaddr_in *)ss;
 	a->sin_family = AF_INET;
 	a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	if (srv)
+		inet_pton(AF_INET, srv, &a->sin_addr);
 	a->sin_port = htons(port);
 	return sizeof *a;
 }
@@ -255,8 +296,10 @@ static inline int tl_connect(int family, uint16_t port)
 {
 	struct sockaddr_storage ss;
 	socklen_t len = tl_addr(family, port, &ss);
+	tl_net_enter(1);
 	int fd = SYS(socket(family, SOCK_STREAM, 0));
 	SYS(connect(fd, (struct sockaddr *)&ss, len));
+	tl_net_enter(0);
 	return fd;
 }
 
