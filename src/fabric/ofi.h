@@ -80,6 +80,12 @@ struct ofi_dom {
 	struct fid_domain *domain;
 	struct fid_eq *eq;             /* FI_WAIT_FD: every endpoint's CM events */
 	int eq_fd;
+	/* One completion queue for every endpoint of the domain: reading it
+	 * progresses them all (the tcp provider moves data only when its
+	 * queue is read), whichever connection a caller asks about. */
+	struct fid_cq *cq;
+	int cq_fd;
+	pthread_mutex_t cqlock;        /* one reader at a time */
 	struct fid_pep *pep;           /* client side: where servers connect */
 	union { struct sockaddr_in in; struct sockaddr_in6 in6; } pep_addr;
 	uint64_t mr_mode;              /* FI_MR_* the provider asks of us */
@@ -232,8 +238,10 @@ enum ofi_state {
 
 /* What a context pointer of a completion names (fi_context first, as
  * FI_CONTEXT asks). */
+struct ofi_conn;
 struct ofi_op {
 	struct fi_context ctx;
+	struct ofi_conn *oc;           /* whose (the domain's CQ is shared) */
 	uint8_t kind;                  /* OFI_OP_* */
 	uint32_t idx;                  /* buffer index */
 };
@@ -258,9 +266,8 @@ struct ofi_conn {
 	bool peer_shut;                /* the peer's endpoint closed (FI_SHUTDOWN) */
 	struct ofi_dom *dom;
 	struct fid_ep *ep;
-	struct fid_cq *cq;
-	int cq_fd;                     /* the CQ's wait object */
-	int wfd;                       /* our epoll: cq_fd, the EQ, chan, TCP socket */
+	int wfd;                       /* our epoll: the domains' CQ and EQ, chan,
+					* the TCP socket */
 	int tcp_added;                 /* TCP fd number added to wfd, or -1 */
 	int chan;                      /* the hello's TCP socket until up, or -1 */
 	uint64_t token, secret;
@@ -326,6 +333,7 @@ bool ofi_reaches(const struct sockaddr *peer, socklen_t len);
 /* ---- ofi_chan.c ------------------------------------------------------------ */
 struct ofi_conn *ofi_of(struct fab_ep *ep);  /* NULL: not this process's */
 void ofi_progress(struct ofi_conn *oc);      /* reap the CQ (and the set-up) */
+void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying);   /* under cqlock */
 int  ofi_post_recv(struct ofi_conn *oc, uint32_t buf);
 int  ofi_publish(struct ofi_conn *oc);       /* copy our block to the peer */
 struct ofi_op *ofi_misc_op(struct ofi_conn *oc);

@@ -118,15 +118,19 @@ void ofi_misc_done(struct ofi_conn *oc)
 	}                                                                   \
 	r_; })
 
-/* Copy our control block into the peer's ctl[1] (RDMA Write). */
-int ofi_publish(struct ofi_conn *oc)
+/* Copy our control block into the peer's ctl[1] (RDMA Write). A change
+ * the peer may wait for bumps the version; our own arm does not (else two
+ * sleepers would wake each other for ever). */
+static int publish(struct ofi_conn *oc, bool bump)
 {
 	if (state(oc) != OFI_ST_UP)
 		return 0;
 	struct ofi_ctl *m = oc->me;
-	uint64_t v = atomic_load(&m->vers_head) + 1;
-	atomic_store(&m->vers_head, v);
-	atomic_store(&m->vers_tail, v);
+	if (bump) {
+		uint64_t v = atomic_load(&m->vers_head) + 1;
+		atomic_store(&m->vers_head, v);
+		atomic_store(&m->vers_tail, v);
+	}
 	atomic_store(&oc->published, atomic_load(&m->cons));
 	struct ofi_op *op = ofi_misc_op(oc);
 	if (!op)
@@ -139,6 +143,11 @@ int ofi_publish(struct ofi_conn *oc)
 		return (int)r;
 	}
 	return 0;
+}
+
+int ofi_publish(struct ofi_conn *oc)
+{
+	return publish(oc, true);
 }
 
 /* Send a wake-up, if fewer than OFI_KICKS are in flight. 1 sent, 0 not. */
@@ -241,55 +250,8 @@ static void on_recv(struct ofi_conn *oc, struct ofi_op *op, size_t len, bool *ki
 	atomic_store_explicit(&oc->arrived, a + 1, memory_order_release);
 }
 
-static void reap(struct ofi_conn *oc)
+static void after_reap(struct ofi_conn *oc, bool kicked)
 {
-	struct fi_cq_msg_entry ev[16];
-	bool kicked = false;
-	for (int rounds = 0; rounds < 64; rounds++) {
-		ssize_t n = fi_cq_read(oc->cq, ev, 16);
-		if (n == -FI_EAGAIN)
-			break;
-		if (n == -FI_EAVAIL) {
-			struct fi_cq_err_entry ee;
-			memset(&ee, 0, sizeof ee);
-			if (fi_cq_readerr(oc->cq, &ee, 0) < 0)
-				break;
-			struct ofi_op *op = ee.op_context;
-			int e = ee.err ? ee.err : EIO;
-			if (op && op->kind == OFI_OP_READ) {
-				/* the caller of the read decides (ofi_mr.c) */
-				atomic_store(&oc->read_err, -e);
-				atomic_fetch_add(&oc->reads_done, 1);
-				ofi_misc_done(oc);
-				continue;
-			}
-			if (op && op->kind == OFI_OP_MISC)
-				ofi_misc_done(oc);
-			if (ee.err == FI_ECANCELED)
-				continue;
-			ofi_fail(oc, -e, "a fabric operation failed");
-			continue;
-		}
-		if (n < 0) {
-			ofi_fail(oc, (int)n, "reading the completion queue");
-			break;
-		}
-		for (ssize_t i = 0; i < n; i++) {
-			struct ofi_op *op = ev[i].op_context;
-			if (!op)
-				continue;
-			if (op->kind == OFI_OP_RECV && (ev[i].flags & FI_RECV))
-				on_recv(oc, op, ev[i].len, &kicked);
-			else if (op->kind == OFI_OP_MISC)
-				ofi_misc_done(oc);
-			else if (op->kind == OFI_OP_READ) {
-				atomic_fetch_add(&oc->reads_done, 1);
-				ofi_misc_done(oc);
-			}
-		}
-		if (n < 16)
-			break;
-	}
 	/* The peer may sleep for words we have moved, or have armed just
 	 * now (its kick brought the arm). */
 	if (kicked || atomic_load_explicit(&oc->peer->armed, memory_order_relaxed))
@@ -298,8 +260,79 @@ static void reap(struct ofi_conn *oc)
 	if (kicked) {
 		uint32_t sent_by_peer = (uint32_t)atomic_load(&oc->kicks_reaped);
 		if (sent_by_peer % (OFI_KICKS / 2) == 0)
-			ofi_publish(oc);
+			publish(oc, false);
 	}
+}
+
+static void on_error(struct ofi_conn *oc, struct fi_cq_err_entry *ee)
+{
+	struct ofi_op *op = ee->op_context;
+	int e = ee->err ? ee->err : EIO;
+	if (op->kind == OFI_OP_READ) {
+		/* the caller of the read decides (ofi_mr.c) */
+		atomic_store(&oc->read_err, -e);
+		atomic_fetch_add(&oc->reads_done, 1);
+		ofi_misc_done(oc);
+		return;
+	}
+	if (op->kind == OFI_OP_MISC)
+		ofi_misc_done(oc);
+	if (ee->err == FI_ECANCELED)
+		return;
+	ofi_fail(oc, -e, "a fabric operation failed");
+}
+
+/* Read the domain's queue (under d->cqlock): every connection's
+ * completions, each to its own. dying: a connection whose endpoint is
+ * closed, whose completions are only dropped. */
+void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying)
+{
+	struct fi_cq_msg_entry ev[16];
+	struct ofi_conn *kicked[16];
+	int nk = 0;
+	for (int rounds = 0; rounds < 64; rounds++) {
+		ssize_t n = fi_cq_read(d->cq, ev, 16);
+		if (n == -FI_EAGAIN)
+			break;
+		if (n == -FI_EAVAIL) {
+			struct fi_cq_err_entry ee;
+			memset(&ee, 0, sizeof ee);
+			if (fi_cq_readerr(d->cq, &ee, 0) < 0)
+				break;
+			struct ofi_op *op = ee.op_context;
+			if (op && op->oc && op->oc != dying)
+				on_error(op->oc, &ee);
+			continue;
+		}
+		if (n < 0)
+			break;
+		for (ssize_t i = 0; i < n; i++) {
+			struct ofi_op *op = ev[i].op_context;
+			if (!op || !op->oc || op->oc == dying)
+				continue;
+			struct ofi_conn *oc = op->oc;
+			bool k = false;
+			if (op->kind == OFI_OP_RECV && (ev[i].flags & FI_RECV))
+				on_recv(oc, op, ev[i].len, &k);
+			else if (op->kind == OFI_OP_MISC)
+				ofi_misc_done(oc);
+			else if (op->kind == OFI_OP_READ) {
+				atomic_fetch_add(&oc->reads_done, 1);
+				ofi_misc_done(oc);
+			}
+			if (k) {
+				bool seen = false;
+				for (int j = 0; j < nk; j++)
+					seen |= kicked[j] == oc;
+				if (!seen && nk < 16)
+					kicked[nk++] = oc;
+			}
+		}
+		if (n < 16)
+			break;
+	}
+	for (int j = 0; j < nk; j++)
+		after_reap(kicked[j], true);
 }
 
 void ofi_progress(struct ofi_conn *oc)
@@ -320,10 +353,17 @@ void ofi_progress(struct ofi_conn *oc)
 		if (state(oc) != OFI_ST_UP)
 			return;
 	}
-	if (pthread_mutex_trylock(&oc->plock) != 0)
-		return;                       /* another thread reaps */
-	reap(oc);
-	pthread_mutex_unlock(&oc->plock);
+	/* Every domain's queue (usually one): reading it moves the data of
+	 * all its endpoints. A queue another thread reads is left to it. */
+	for (int i = 0; i < OFI_MAX_DOMAINS; i++) {
+		struct ofi_dom *d = &ofi_p.dom[i];
+		if (!d->used || pthread_mutex_trylock(&d->cqlock) != 0)
+			continue;
+		ofi_reap(d, NULL);
+		pthread_mutex_unlock(&d->cqlock);
+	}
+	if (atomic_load_explicit(&oc->peer->armed, memory_order_relaxed))
+		service(oc);
 }
 
 void ofi_fail(struct ofi_conn *oc, int err, const char *why)
@@ -651,24 +691,34 @@ static uint32_t ofi_zc_cas(struct fab_ep *ep, unsigned whose, size_t off,
 static void ofi_arm(struct fab_ep *ep, unsigned what)
 {
 	struct ofi_conn *oc = ofi_of(ep);
-	if (!oc || state(oc) != OFI_ST_UP)
+	if (!oc || state(oc) == OFI_ST_TCP || state(oc) == OFI_ST_DOWN)
 		return;
 	/* A message wakes its receiver by itself: only waits for the
 	 * peer's words need the peer told. */
 	what &= FAB_WAIT_CREDIT | FAB_WAIT_ZC;
 	struct ofi_ctl *m = oc->me;
-	if (what) {
+	if (what && state(oc) == OFI_ST_UP) {
 		atomic_fetch_or(&m->armed, what);
 		atomic_store(&m->seen, peer_version(oc));
 		atomic_fetch_add(&m->arm_seq, 1);
-		ofi_publish(oc);
+		publish(oc, false);
 		send_kick(oc);
 	}
-	/* Sleeping on the CQ's wait object: the provider may ask to be
-	 * told first (verbs arms the completion channel here); the check
+	/* Sleeping on the wait objects: the provider may ask to be told
+	 * first (verbs arms the completion channel; util objects clear their
+	 * signal, else a wait object read empty stays readable); the check
 	 * that follows reaps whatever is already there. */
-	struct fid *f = &oc->cq->fid;
-	(void)fi_trywait(oc->dom->fabric, &f, 1);
+	if (pthread_mutex_trylock(&ofi_p.lock) == 0) {
+		for (int i = 0; i < OFI_MAX_DOMAINS; i++) {
+			struct ofi_dom *d = &ofi_p.dom[i];
+			if (!d->used)
+				continue;
+			struct fid *f[2] = { &d->cq->fid, &d->eq->fid };
+			if (fi_trywait(d->fabric, f, 2) == -FI_EAGAIN)
+				ofi_cm_progress(d);
+		}
+		pthread_mutex_unlock(&ofi_p.lock);
+	}
 }
 
 static void ofi_disarm(struct fab_ep *ep, unsigned what)

@@ -95,10 +95,14 @@ static int high_fd(int fd)
 
 static void conn_free(struct ofi_conn *oc)
 {
-	if (oc->ep)
+	if (oc->ep) {
 		fi_close(&oc->ep->fid);
-	if (oc->cq)
-		fi_close(&oc->cq->fid);
+		/* Completions of ours still queued must go before our
+		 * contexts do. */
+		pthread_mutex_lock(&oc->dom->cqlock);
+		ofi_reap(oc->dom, oc);
+		pthread_mutex_unlock(&oc->dom->cqlock);
+	}
 	if (oc->mr)
 		fi_close(&oc->mr->fid);
 	if (oc->wfd >= 0)
@@ -127,7 +131,7 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	oc->owner = ofi_p.pid;
 	oc->side = side;
 	oc->dom = d;
-	oc->wfd = oc->cq_fd = oc->chan = oc->tcp_added = -1;
+	oc->wfd = oc->chan = oc->tcp_added = -1;
 	pthread_mutex_init(&oc->plock, NULL);
 	pthread_mutex_init(&oc->wlock, NULL);
 	oc->nslots = nslots;
@@ -159,18 +163,20 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 		    FI_REMOTE_WRITE | FI_REMOTE_READ, &oc->mr, &oc->key))
 		goto fail;
 	oc->desc = fi_mr_desc(oc->mr);
-	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_FD,
-				 .size = 2 * (size_t)oc->nbufs + OFI_MISC_CTX + 64 };
-	if (fi_cq_open(d->domain, &ca, &oc->cq, oc) ||
-	    fi_control(&oc->cq->fid, FI_GETWAIT, &oc->cq_fd))
-		goto fail;
+	for (uint32_t i = 0; i < oc->nbufs; i++)
+		oc->rxop[i].oc = oc;
+	for (uint32_t i = 0; i < nslots; i++)
+		oc->txop[i].oc = oc;
+	for (uint32_t i = 0; i < OFI_MISC_CTX; i++)
+		oc->miscop[i].oc = oc;
 	oc->wfd = high_fd((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
-	if (oc->wfd < 0 || epoll_add(oc->wfd, oc->cq_fd))
+	if (oc->wfd < 0)
 		goto fail;
-	/* Every domain's events wake it (set-up of a peer in this process
-	 * may need them; ofi_dom_for adds later domains). */
+	/* Every domain's events wake it (set-up or data of a peer in this
+	 * process may need them; ofi_dom_for adds later domains). */
 	for (int i = 0; i < OFI_MAX_DOMAINS; i++)
-		if (ofi_p.dom[i].used && epoll_add(oc->wfd, ofi_p.dom[i].eq_fd))
+		if (ofi_p.dom[i].used && (epoll_add(oc->wfd, ofi_p.dom[i].eq_fd) ||
+					  epoll_add(oc->wfd, ofi_p.dom[i].cq_fd)))
 			goto fail;
 	return oc;
 fail:
@@ -186,7 +192,7 @@ static int conn_ep(struct ofi_conn *oc, struct fi_info *info)
 	if (r)
 		return r;
 	if ((r = fi_ep_bind(oc->ep, &oc->dom->eq->fid, 0)) ||
-	    (r = fi_ep_bind(oc->ep, &oc->cq->fid, FI_TRANSMIT | FI_RECV)) ||
+	    (r = fi_ep_bind(oc->ep, &oc->dom->cq->fid, FI_TRANSMIT | FI_RECV)) ||
 	    (r = fi_enable(oc->ep)))
 		return r;
 	for (uint32_t i = 0; i < oc->nbufs; i++)

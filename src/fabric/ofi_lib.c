@@ -296,13 +296,20 @@ struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len)
 	struct fid_fabric *fab = NULL;
 	struct fid_domain *dom = NULL;
 	struct fid_eq *eq = NULL;
+	struct fid_cq *cq = NULL;
 	struct fi_eq_attr ea = { .size = 256, .wait_obj = FI_WAIT_FD };
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_FD,
+				 .size = 16384 };
 	if ((r = ofi_fi.fabric(info->fabric_attr, &fab, NULL)) ||
 	    (r = fi_domain(fab, info, &dom, NULL)) ||
 	    (r = fi_eq_open(fab, &ea, &eq, NULL)) ||
-	    (r = fi_control(&eq->fid, FI_GETWAIT, &d->eq_fd))) {
+	    (r = fi_control(&eq->fid, FI_GETWAIT, &d->eq_fd)) ||
+	    (r = fi_cq_open(dom, &ca, &cq, NULL)) ||
+	    (r = fi_control(&cq->fid, FI_GETWAIT, &d->cq_fd))) {
 		OFI_LOG(1, "ofi: cannot open the %s fabric: %s", ofi_p.prov,
 			ofi_fi.strerror(-r));
+		if (cq)
+			fi_close(&cq->fid);
 		if (eq)
 			fi_close(&eq->fid);
 		if (dom)
@@ -316,6 +323,8 @@ struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len)
 	d->fabric = fab;
 	d->domain = dom;
 	d->eq = eq;
+	d->cq = cq;
+	pthread_mutex_init(&d->cqlock, NULL);
 	d->mr_mode = (uint64_t)info->domain_attr->mr_mode;
 	d->mode = info->mode;
 	d->inject = info->tx_attr->inject_size;
@@ -334,6 +343,8 @@ void ofi_dom_added(struct ofi_dom *d)
 	for (int i = 0; i < ofi_p.nconns; i++) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.fd = d->eq_fd };
 		syscall(SYS_epoll_ctl, ofi_p.conns[i]->wfd, EPOLL_CTL_ADD, d->eq_fd, &ev);
+		ev.data.fd = d->cq_fd;
+		syscall(SYS_epoll_ctl, ofi_p.conns[i]->wfd, EPOLL_CTL_ADD, d->cq_fd, &ev);
 	}
 }
 
