@@ -303,7 +303,9 @@ struct ofi_conn {
 	uint64_t mrc_tick;
 	_Atomic uint32_t reads_done;
 	_Atomic int read_err;
-	pthread_mutex_t plock;         /* reaping the CQ */
+	pthread_mutex_t plock;         /* posting: sends before the connection is
+					* up wait in the ring (tx_flushed) */
+	uint64_t tx_flushed;           /* messages handed to the fabric */
 	pthread_mutex_t wlock;         /* the RDMA Read a caller waits for */
 	uint64_t answer_by;            /* client: give up waiting for the answer */
 };

@@ -150,6 +150,8 @@ int ofi_publish(struct ofi_conn *oc)
 	return publish(oc, true);
 }
 
+static int flush(struct ofi_conn *oc, uint64_t upto);
+
 /* Send a wake-up, if fewer than OFI_KICKS are in flight. 1 sent, 0 not. */
 static int send_kick(struct ofi_conn *oc)
 {
@@ -396,7 +398,10 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 
 void ofi_up(struct ofi_conn *oc)
 {
+	pthread_mutex_lock(&oc->plock);
 	atomic_store(&oc->state, OFI_ST_UP);
+	flush(oc, atomic_load(&oc->tx_prod));     /* what waited in the ring */
+	pthread_mutex_unlock(&oc->plock);
 	if (oc->chan >= 0) {
 		sys_close(oc->chan);
 		oc->chan = -1;
@@ -417,27 +422,54 @@ static void *ofi_tx_buf(struct fab_ep *ep, size_t *cap)
 	return oc->tx + (p % oc->nslots) * oc->slot_size;
 }
 
+/* Hand messages [tx_flushed, upto) to the fabric (under plock). */
+static int flush(struct ofi_conn *oc, uint64_t upto)
+{
+	while (oc->tx_flushed < upto) {
+		uint64_t seq = oc->tx_flushed;
+		uint32_t slot = (uint32_t)(seq % oc->nslots);
+		const char *m = oc->tx + (size_t)slot * oc->slot_size;
+		struct sdp_bsdh h;
+		memcpy(&h, m, sizeof h);
+		struct ofi_op *op = &oc->txop[slot];
+		op->kind = OFI_OP_SEND;
+		op->idx = slot;
+		ssize_t r = OFI_RETRY(oc, fi_send(oc->ep, (void *)m, h.len, oc->desc, 0,
+						  &op->ctx));
+		if (r) {
+			ofi_fail(oc, (int)r, "send of a message");
+			return (int)r;
+		}
+		oc->tx_flushed = seq + 1;
+	}
+	return 0;
+}
+
+/* Before the connection is up a message waits in the ring (the peer's
+ * receive buffers are posted before it accepts, so the credits hold):
+ * as a TCP socket takes bytes before its peer accepted. Up, they go out
+ * in order (ofi_up); if it never comes up, the fallback re-sends them on
+ * TCP (the peer consumed none). */
 static int ofi_post(struct fab_ep *ep, size_t len)
 {
+	(void)len;                            /* the BSDH says it */
 	struct ofi_conn *oc = ofi_of(ep);
-	if (!oc || state(oc) != OFI_ST_UP)
+	if (!oc)
 		return -ECONNRESET;
+	int st = state(oc);
+	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
+		return -ECONNRESET;
+	pthread_mutex_lock(&oc->plock);
 	uint64_t p = atomic_load_explicit(&oc->tx_prod, memory_order_relaxed);
-	uint32_t slot = (uint32_t)(p % oc->nslots);
-	struct ofi_op *op = &oc->txop[slot];
-	op->kind = OFI_OP_SEND;
-	op->idx = slot;
-	ssize_t r = OFI_RETRY(oc, fi_send(oc->ep, oc->tx + (size_t)slot * oc->slot_size,
-					  len, oc->desc, 0, &op->ctx));
-	if (r) {
-		ofi_fail(oc, (int)r, "send of a message");
-		return (int)r;
-	}
 	atomic_store_explicit(&oc->tx_prod, p + 1, memory_order_release);
+	int r = 0;
+	if (state(oc) == OFI_ST_UP)
+		r = flush(oc, p + 1);
+	pthread_mutex_unlock(&oc->plock);
 	/* The message carries our consumption (its BSDH): as good as a copy
 	 * of our block for the peer's credits. */
 	atomic_store(&oc->published, atomic_load(&oc->me->cons));
-	return 0;
+	return r;
 }
 
 static uint32_t ofi_rx_pending(struct fab_ep *ep)
@@ -506,7 +538,8 @@ static uint32_t ofi_credits(struct fab_ep *ep)
 	if (!oc)
 		return 0;
 	ofi_progress(oc);
-	if (state(oc) != OFI_ST_UP)
+	int st = state(oc);
+	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
 		return 0;
 	uint64_t sent = atomic_load(&oc->tx_prod), acked = peer_cons(oc);
 	if (acked > sent || sent - acked > oc->nslots)
