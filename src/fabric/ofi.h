@@ -269,6 +269,10 @@ struct ofi_conn {
 	int wfd;                       /* our epoll: the domains' CQ and EQ, chan,
 					* the TCP socket */
 	int tcp_added;                 /* TCP fd number added to wfd, or -1 */
+	int evfd;                      /* eventfd in wfd: a completion of ours
+					* that another thread reaped, while we
+					* may sleep (local_armed) */
+	_Atomic uint32_t local_armed;  /* enum fab_wait our sleepers wait for */
 	int chan;                      /* the hello's TCP socket until up, or -1 */
 	uint64_t token, secret;
 	uint32_t nslots, slot_size, nbufs;   /* nbufs = nslots + OFI_KICKS */
@@ -342,6 +346,7 @@ struct ofi_op *ofi_misc_op(struct ofi_conn *oc);
 void ofi_misc_done(struct ofi_conn *oc);
 void ofi_fail(struct ofi_conn *oc, int err, const char *why);
 void ofi_up(struct ofi_conn *oc);            /* the connection came up */
+void ofi_wake(struct ofi_conn *oc);          /* make wfd readable if someone sleeps */
 
 /* ---- ofi_mr.c -------------------------------------------------------------- */
 uint64_t ofi_mr_key(struct fab_ep *ep, const void *addr, size_t len);

@@ -314,8 +314,10 @@ void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying)
 				continue;
 			struct ofi_conn *oc = op->oc;
 			bool k = false;
-			if (op->kind == OFI_OP_RECV && (ev[i].flags & FI_RECV))
+			if (op->kind == OFI_OP_RECV && (ev[i].flags & FI_RECV)) {
 				on_recv(oc, op, ev[i].len, &k);
+				ofi_wake(oc);     /* a sleeper of oc may not be us */
+			}
 			else if (op->kind == OFI_OP_MISC)
 				ofi_misc_done(oc);
 			else if (op->kind == OFI_OP_READ) {
@@ -368,6 +370,15 @@ void ofi_progress(struct ofi_conn *oc)
 		service(oc);
 }
 
+void ofi_wake(struct ofi_conn *oc)
+{
+	if (atomic_load_explicit(&oc->local_armed, memory_order_acquire)) {
+		uint64_t one = 1;
+		ssize_t w = sys_write(oc->evfd, &one, sizeof one);
+		(void)w;
+	}
+}
+
 void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 {
 	int st = state(oc);
@@ -379,6 +390,7 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 		OFI_LOG(1, "ofi: %s (%s) before the connection came up: TCP", why,
 			ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
 		atomic_store(&oc->state, OFI_ST_TCP);
+		ofi_wake(oc);
 		if (oc->chan >= 0) {
 			sys_close(oc->chan);      /* tells the client, if it waits */
 			oc->chan = -1;
@@ -394,6 +406,7 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 	OFI_LOG(0, "ofi: %s (%s): connection reset", why,
 		ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
 	atomic_store(&oc->state, OFI_ST_DOWN);
+	ofi_wake(oc);
 }
 
 void ofi_up(struct ofi_conn *oc)
@@ -408,6 +421,7 @@ void ofi_up(struct ofi_conn *oc)
 	}
 	ofi_publish(oc);                      /* what we wrote before */
 	send_kick(oc);                        /* a sleeper looks again */
+	ofi_wake(oc);
 }
 
 /* ---- message channel ------------------------------------------------------ */
@@ -726,6 +740,7 @@ static void ofi_arm(struct fab_ep *ep, unsigned what)
 	struct ofi_conn *oc = ofi_of(ep);
 	if (!oc || state(oc) == OFI_ST_TCP || state(oc) == OFI_ST_DOWN)
 		return;
+	atomic_fetch_or(&oc->local_armed, what | FAB_WAIT_RX);
 	/* A message wakes its receiver by itself: only waits for the
 	 * peer's words need the peer told. */
 	what &= FAB_WAIT_CREDIT | FAB_WAIT_ZC;
@@ -757,8 +772,10 @@ static void ofi_arm(struct fab_ep *ep, unsigned what)
 static void ofi_disarm(struct fab_ep *ep, unsigned what)
 {
 	struct ofi_conn *oc = ofi_of(ep);
-	if (oc)
+	if (oc) {
 		atomic_fetch_and(&oc->me->armed, ~what);  /* a stale arm costs a kick */
+		atomic_fetch_and(&oc->local_armed, ~(what | FAB_WAIT_RX));
+	}
 }
 
 static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
@@ -785,8 +802,12 @@ static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
 static int ofi_drain(struct fab_ep *ep, int wfd)
 {
 	struct ofi_conn *oc = ofi_of(ep);
-	if (oc)
+	if (oc) {
+		uint64_t v;
+		ssize_t e = sys_read(oc->evfd, &v, sizeof v);
+		(void)e;
 		ofi_progress(oc);
+	}
 	char b;
 	ssize_t r = sys_recvfrom(wfd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
 	if (r == 0)

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
@@ -107,6 +108,8 @@ static void conn_free(struct ofi_conn *oc)
 		fi_close(&oc->mr->fid);
 	if (oc->wfd >= 0)
 		sys_close(oc->wfd);
+	if (oc->evfd >= 0)
+		sys_close(oc->evfd);
 	if (oc->chan >= 0)
 		sys_close(oc->chan);
 	ofi_mr_drop(oc);
@@ -131,7 +134,7 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	oc->owner = ofi_p.pid;
 	oc->side = side;
 	oc->dom = d;
-	oc->wfd = oc->chan = oc->tcp_added = -1;
+	oc->wfd = oc->chan = oc->tcp_added = oc->evfd = -1;
 	pthread_mutex_init(&oc->plock, NULL);
 	pthread_mutex_init(&oc->wlock, NULL);
 	oc->nslots = nslots;
@@ -170,7 +173,8 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	for (uint32_t i = 0; i < OFI_MISC_CTX; i++)
 		oc->miscop[i].oc = oc;
 	oc->wfd = high_fd((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
-	if (oc->wfd < 0)
+	oc->evfd = high_fd((int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC));
+	if (oc->wfd < 0 || oc->evfd < 0 || epoll_add(oc->wfd, oc->evfd))
 		goto fail;
 	/* Every domain's events wake it (set-up or data of a peer in this
 	 * process may need them; ofi_dom_for adds later domains). */
