@@ -198,7 +198,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		fd_set_sdp(fd, c);
 		epoll_adopt(fd, c);
 		sdp_proc_count(1, 0);
-		sdp_log(2, "connect fd %d: SDP%s", fd, r ? " (in progress)" : "");
+		sdp_log(2, "connect fd %d: SDP over %s%s", fd, c->ep.label, r ? " (in progress)" : "");
 	} else {
 		sdp_connect_done(c, fd, e);
 		sdp_conn_drop(c);
@@ -245,7 +245,7 @@ static int after_accept(int lfd, int nfd, int flags)
 		conn_adopt(nfd, c, flags & SOCK_NONBLOCK, opts);
 		fd_set_sdp(nfd, c);
 		sdp_proc_count(1, 0);
-		sdp_log(2, "accept fd %d -> %d: SDP", lfd, nfd);
+		sdp_log(2, "accept fd %d -> %d: SDP over %s", lfd, nfd, c->ep.label);
 	} else {
 		fd_set_tcp(nfd, SDP_ROLE_SERVER);
 		sdp_proc_count(0, 1);
