@@ -337,6 +337,70 @@ static void tunables_report(bool json)
 		sdp_policy_free(p);
 }
 
+/* The libfabric providers this host has, and whether each offers what
+ * SDP between hosts needs (fabric/ofi_lib.c). */
+#ifdef SDP_HAVE_OFI
+#include "fabric/ofi.h"
+static void mr_modes(uint64_t m, char *out, size_t n)
+{
+	static const struct { uint64_t bit; const char *name; } names[] = {
+		{ FI_MR_LOCAL, "FI_MR_LOCAL" }, { FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR" },
+		{ FI_MR_ALLOCATED, "FI_MR_ALLOCATED" }, { FI_MR_PROV_KEY, "FI_MR_PROV_KEY" },
+		{ FI_MR_ENDPOINT, "FI_MR_ENDPOINT" }, { FI_MR_RAW, "FI_MR_RAW" },
+	};
+	size_t k = 0;
+	out[0] = 0;
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if (m & names[i].bit)
+			k += (size_t)snprintf(out + k, k < n ? n - k : 0, "%s\"%s\"",
+					      k ? ", " : "", names[i].name);
+}
+#endif
+
+static void ofi_report(bool json)
+{
+#ifdef SDP_HAVE_OFI
+	struct ofi_prov_info pv[32];
+	int n = ofi_list_providers(pv, 32);
+	if (json) {
+		printf(", \"ofi\": {\"libfabric\": %s, \"providers\": [", n < 0 ? "false" : "true");
+		for (int i = 0; i < n; i++) {
+			char mm[200];
+			mr_modes(pv[i].mr_mode, mm, sizeof mm);
+			printf("%s{\"name\": ", i ? ", " : "");
+			json_str(pv[i].name);
+			printf(", \"fabric\": ");
+			json_str(pv[i].fabric);
+			printf(", \"domain\": ");
+			json_str(pv[i].domain);
+			printf(", \"ep_msg\": %s, \"msg\": %s, \"rma\": %s, \"mr_mode\": [%s], "
+			       "\"usable\": %s, \"why\": ", pv[i].msg_ep ? "true" : "false",
+			       pv[i].msg ? "true" : "false", pv[i].rma ? "true" : "false", mm,
+			       pv[i].usable ? "true" : "false");
+			json_str(pv[i].why);
+			printf("}");
+		}
+		printf("]}");
+		return;
+	}
+	if (n < 0) {
+		printf("%-20s      libfabric.so.1 not found: peers on other hosts use TCP\n", "ofi");
+		return;
+	}
+	for (int i = 0; i < n; i++)
+		printf("%-20s %-4s %s %s (%s)%s%s\n", i ? "" : "ofi providers",
+		       pv[i].usable ? "ok" : "no", pv[i].name, pv[i].fabric, pv[i].domain,
+		       pv[i].usable ? "" : ": ", pv[i].why);
+#else
+	if (json)
+		printf(", \"ofi\": {\"libfabric\": false, \"providers\": [], "
+		       "\"why\": \"built without libfabric's headers\"}");
+	else
+		printf("%-20s      built without libfabric's headers: peers on other hosts use TCP\n",
+		       "ofi");
+#endif
+}
+
 static int cmd_check(int argc, char **argv)
 {
 	bool json = false, recal = false, tunables = false;
@@ -433,6 +497,7 @@ static int cmd_check(int argc, char **argv)
 		printf("{\"features\": [\"bcopy\"%s], ", cma ? ", \"zcopy\"" : "");
 		host_report(true, recal);
 		tunables_report(true);
+		ofi_report(true);
 		printf(", \"checks\": {");
 		for (int i = 0; i < n; i++)
 			printf("%s\"%s\": {\"ok\": %s, \"why\": \"%s\"}", i ? ", " : "",
@@ -444,6 +509,7 @@ static int cmd_check(int argc, char **argv)
 		printf("%-20s      bcopy%s\n", "features",
 		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)");
 		host_report(false, recal);
+		ofi_report(false);
 	}
 	return 0;
 }
