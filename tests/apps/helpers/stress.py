@@ -136,7 +136,7 @@ def server(port):
     lock = threading.Lock()
     ls = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    ls.bind(("127.0.0.1", port))
+    ls.bind((os.environ.get("STRESS_BIND", "127.0.0.1"), port))
     ls.listen(256)
     n = 0
     while True:
@@ -186,7 +186,8 @@ def client_conn(s, cid, c2s, s2c, seed, rep):
 def client(port, n, lo, hi, seed, go_file):
     rng = random.Random(seed)
     plan = [(i, rng.randint(lo, hi), rng.randint(lo, hi), rng.getrandbits(62)) for i in range(n)]
-    socks = [socket.create_connection(("127.0.0.1", port), timeout=60) for _ in range(n)]
+    host = os.environ.get("STRESS_HOST", "127.0.0.1")
+    socks = [socket.create_connection((host, port), timeout=60) for _ in range(n)]
     print(f"connected {n}", flush=True)
     deadline = time.monotonic() + 120
     while not os.path.exists(go_file) and time.monotonic() < deadline:

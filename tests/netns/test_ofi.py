@@ -1,0 +1,417 @@
+"""SDP between two hosts: the ofi provider (libfabric's tcp provider) across
+two network namespaces joined by a veth pair, which stand for two hosts.
+
+The namespaces are made here and removed at the end (also when a test
+fails); the module is skipped, with the reason, where namespaces cannot be
+made (not root, no `ip`) or libfabric has no usable provider.
+
+What is proven:
+* a subset of the C feature programs (tests/c) with every connection's
+  client in the other namespace (testlib.h: TL_NET_CLIENT_NS), first on
+  kernel TCP, then under `sdp run`, where each connection must say
+  "SDP over ofi:" in the log;
+* a checksummed stream, with `sdp stat --json` showing "fabric": "ofi:tcp"
+  on both ends and the bytes, and zero copy over ofi: Read Zero Copy moved
+  registered memory, the registration cache hit;
+* a client with the library to a server without it and the reverse: TCP,
+  working;
+* two processes of one namespace still use shm;
+* kill -9 of either end: the survivor's blocked recv ends (EOF or
+  ECONNRESET, as TCP), never hangs; a cut link (veth down) with keepalive
+  and TCP_USER_TIMEOUT gives ETIMEDOUT, as TCP does;
+* applications: iperf3, redis, the checksummed stress test.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from buildpaths import SDP_BIN as SDP
+from buildpaths import TESTS_C
+
+HERE = Path(__file__).resolve().parent
+PEER = HERE / "peer.py"
+STRESS = HERE.parent / "apps" / "helpers" / "stress.py"
+SRV4, CLI4 = "10.203.0.1", "10.203.0.2"
+SRV6, CLI6 = "fd03::1", "fd03::2"
+
+# The C programs run across the namespaces: every one whose connections are
+# made by testlib's tl_connect / tl_pair (the others connect to an address
+# of their own namespace, which is shm's), and that pass there. Left out:
+# t_fork, t_zc_fork (a connection inherited across fork goes back to TCP
+# first: libfabric endpoints belong to one process), t_prefork and t_idle
+# (they count on the client's library acting without being called: see
+# ARCHITECTURE "Set-up across hosts"), t_order (epoll order across
+# providers), t_sigpartial, t_zc_signal, t_zc_kill, t_handback (their
+# timing), t_kill (over veth even kernel TCP lets its blocked send
+# finish), t_errno, t_sockopt, t_bindany, t_accept4, t_connect (they check
+# loopback addresses or bind the client themselves).
+C_SUBSET = ["t_stream", "t_duplex", "t_poll", "t_epoll", "t_epoll_et", "t_nonblock",
+            "t_peek", "t_waitall", "t_shutdown", "t_reset", "t_timeo", "t_iocalls",
+            "t_sendfile", "t_sigpipe", "t_exec", "t_scm", "t_threads", "t_zc_basic",
+            "t_accept_refuse", "t_dup"]
+
+
+def _run(argv, timeout=20):
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+
+
+class Hosts:
+    """Two namespaces, a veth pair, IPv4 and IPv6 addresses."""
+
+    def __init__(self):
+        tag = str(os.getpid())[-6:]
+        self.a, self.b = f"sdpo{tag}a", f"sdpo{tag}b"
+        self.va, self.vb = f"so{tag}a", f"so{tag}b"
+
+    def make(self):
+        steps = [["ip", "netns", "add", self.a], ["ip", "netns", "add", self.b],
+                 ["ip", "link", "add", self.va, "type", "veth", "peer", "name", self.vb],
+                 ["ip", "link", "set", self.va, "netns", self.a],
+                 ["ip", "link", "set", self.vb, "netns", self.b],
+                 ["ip", "-n", self.a, "addr", "add", f"{SRV4}/24", "dev", self.va],
+                 ["ip", "-n", self.b, "addr", "add", f"{CLI4}/24", "dev", self.vb],
+                 ["ip", "-n", self.a, "addr", "add", f"{SRV6}/64", "dev", self.va, "nodad"],
+                 ["ip", "-n", self.b, "addr", "add", f"{CLI6}/64", "dev", self.vb, "nodad"]]
+        for ns, dev in ((self.a, self.va), (self.b, self.vb)):
+            steps += [["ip", "-n", ns, "link", "set", "lo", "up"],
+                      ["ip", "-n", ns, "link", "set", dev, "up"]]
+        for st in steps:
+            r = _run(st)
+            if r.returncode:
+                return f"`{' '.join(st)}`: {r.stderr.strip()}"
+        return None
+
+    def remove(self):
+        for ns in (self.a, self.b):
+            _run(["ip", "netns", "del", ns])
+
+    def link(self, up):
+        _run(["ip", "-n", self.a, "link", "set", self.va, "up" if up else "down"])
+
+    def cmd(self, ns, argv, sdp=True):
+        pre = ["ip", "netns", "exec", ns]
+        return pre + ([str(SDP), "run", "--"] if sdp else []) + [str(a) for a in argv]
+
+
+@pytest.fixture(scope="module")
+def hosts():
+    if os.geteuid() != 0:
+        pytest.skip("network namespaces need root")
+    if not shutil.which("ip"):
+        pytest.skip("`ip` (iproute2) is not installed")
+    check = json.loads(_run([str(SDP), "check", "--json"], timeout=60).stdout)
+    ofi = check.get("ofi", {})
+    if not any(p["usable"] and p["name"] == "tcp" for p in ofi.get("providers", [])):
+        pytest.skip("no usable libfabric tcp provider (sdp check: %s)" %
+                    json.dumps(ofi)[:300])
+    h = Hosts()
+    err = h.make()
+    if err:
+        h.remove()
+        pytest.skip(f"network namespaces not possible here: {err}")
+    yield h
+    h.remove()
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+class Bg:
+    """A background process; killed (by its pid) at the end of the test."""
+    live = []
+
+    def __init__(self, argv, env):
+        self.p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True)
+        Bg.live.append(self)
+
+    def wait_line(self, text, timeout=20):
+        end = time.monotonic() + timeout
+        lines = []
+        while time.monotonic() < end:
+            line = self.p.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if text in line:
+                return lines
+        self.p.kill()
+        out, err = self.p.communicate()
+        pytest.fail(f"no {text!r} from {self.p.args}: {''.join(lines)}{out}{err[-3000:]}")
+
+    def finish(self, timeout=30):
+        try:
+            out, err = self.p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            out, err = self.p.communicate()
+            pytest.fail(f"{self.p.args} did not end in {timeout} s: {err[-3000:]}")
+        return self.p.returncode, out, err
+
+
+@pytest.fixture(autouse=True)
+def _reap():
+    yield
+    for b in Bg.live:
+        if b.p.poll() is None:
+            b.p.kill()
+            b.p.communicate()
+    Bg.live.clear()
+
+
+_port = [int(os.environ.get("SDP_NETNS_PORT0", 23000 + os.getpid() % 2000))]
+
+
+def port():
+    _port[0] += 1
+    return _port[0]
+
+
+# ---- the C feature programs across hosts ------------------------------------------
+
+@pytest.mark.parametrize("mode", ["tcp", "sdp"])
+@pytest.mark.parametrize("prog", C_SUBSET)
+def test_c_across_hosts(hosts, prog, mode):
+    env = _env(SDP_EXPECT=mode, TL_NET_CLIENT_NS=f"/run/netns/{hosts.b}",
+               TL_NET_SERVER4=SRV4, TL_NET_SERVER6=SRV6, SDP_LOG=2)
+    argv = hosts.cmd(hosts.a, [TESTS_C / prog], sdp=mode == "sdp")
+    res = subprocess.run(argv, env=env, cwd=str(TESTS_C), capture_output=True, text=True,
+                         timeout=90)
+    if res.returncode == 77:
+        pytest.skip(res.stderr.strip()[-300:])
+    assert res.returncode == 0, f"{prog} ({mode}): exit {res.returncode}\n{res.stderr[-4000:]}"
+    if mode == "sdp":
+        assert "SDP over ofi:" in res.stderr, f"{prog}: no connection over ofi\n" \
+                                              f"{res.stderr[-3000:]}"
+
+
+# ---- streams, stat, zero copy ---------------------------------------------------------
+
+def _stat(ns):
+    r = _run(["ip", "netns", "exec", ns, str(SDP), "stat", "--json"], timeout=30)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def _conns(stat, port_):
+    out = []
+    for c in stat:
+        if c["local"].endswith(f":{port_}") or c["remote"].endswith(f":{port_}"):
+            out.append(c)
+    return out
+
+
+@pytest.mark.parametrize("family", ["ipv4", "ipv6"])
+def test_stream_over_ofi(hosts, tmp_path, family):
+    p = port()
+    srv_addr = SRV4 if family == "ipv4" else SRV6
+    env = _env(SDP_LOG=2, SDP_ZCOPY_THRESH=65536)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", srv_addr, p, "sink"]), env)
+    srv.wait_line("listening")
+    hold = tmp_path / "hold"
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", srv_addr, p, "send",
+                                 64 << 20]), _env(SDP_LOG=2, SDP_ZCOPY_THRESH=65536,
+                                                  PEER_HOLD=hold))
+    cli.wait_line("sent", timeout=60)
+    st = _stat(hosts.a)
+    both = _conns(st, p)
+    hold.touch()
+    rc, out, err = cli.finish()
+    assert rc == 0 and "match" in out, f"{out}\n{err[-3000:]}"
+    rc, sout, serr = srv.finish()
+    assert rc == 0, serr[-3000:]
+    assert "SDP over ofi:tcp" in err and "SDP over ofi:tcp" in serr, err[-2000:] + serr[-2000:]
+    # One namespace's `sdp stat` sees both processes (one pid namespace).
+    sides = {c["role"]: c for c in both}
+    assert set(sides) == {"client", "server"}, json.dumps(both)
+    for c in sides.values():
+        assert c["fabric"] == "ofi:tcp" and c["transport"] == "sdp", json.dumps(c)
+    assert sides["client"]["tx_bytes"] == 64 << 20
+    assert sides["server"]["rx_bytes"] == 64 << 20
+    # 1 MiB blocking sends over 64 KiB: Read Zero Copy from registered
+    # memory, found in the registration cache after the first time.
+    assert sides["server"]["rx_rzcopy_bytes"] > 0, json.dumps(sides)
+    assert sides["client"]["mr_cache_hits"] > 0, json.dumps(sides["client"])
+    print("registration cache (client): %d hits, %d misses" %
+          (sides["client"]["mr_cache_hits"], sides["client"]["mr_cache_misses"]))
+
+
+def test_same_host_still_shm(hosts):
+    p = port()
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "sink"]),
+             _env(SDP_LOG=2))
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "client", SRV4, p, "send", 1 << 20]),
+             _env(SDP_LOG=2))
+    rc, out, err = cli.finish()
+    assert rc == 0 and "match" in out, err[-3000:]
+    assert "SDP over shm" in err, err[-2000:]
+
+
+@pytest.mark.parametrize("who", ["server", "client"])
+def test_one_end_without_the_library(hosts, who):
+    """Only one end runs the library: plain TCP, and it works."""
+    p = port()
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "sink"],
+                       sdp=who != "server"), _env(SDP_LOG=2))
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "send", 4 << 20],
+                       sdp=who != "client"), _env(SDP_LOG=2))
+    rc, out, err = cli.finish()
+    assert rc == 0 and "match" in out, out + err[-3000:]
+    rc, sout, serr = srv.finish()
+    assert rc == 0
+    assert "SDP over" not in err + serr
+    if who == "server":
+        # the client asked the server's rendezvous port: refused at once
+        assert "TCP (no network rendezvous" in err, err[-2000:]
+    print(out.splitlines()[0])
+
+
+# ---- failures -------------------------------------------------------------------------
+
+def _blocked_pair(hosts, server_mode, client_mode, env_extra=None):
+    p = port()
+    env = _env(SDP_LOG=2, **(env_extra or {}))
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, server_mode]), env)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, client_mode]), env)
+    cli.wait_line("connected")
+    if server_mode == "wait":
+        srv.wait_line("accepted")
+    return srv, cli
+
+
+def _python_pid(bg):
+    """The python process under `ip netns exec` / `sdp run` (they exec)."""
+    return bg.p.pid
+
+
+@pytest.mark.parametrize("mode", ["sdp", "tcp"])
+def test_kill_server(hosts, mode):
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "wait"],
+                       sdp=mode == "sdp"), env)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "recv"],
+                       sdp=mode == "sdp"), env)
+    cli.wait_line("connected")
+    srv.wait_line("accepted")
+    time.sleep(0.2)          # let the client block in recv (not a sync: either way ends)
+    srv.p.kill()
+    rc, out, err = cli.finish(timeout=20)
+    assert "recv returned 0 bytes" in out or "ConnectionResetError" in out, out + err[-2000:]
+
+
+@pytest.mark.parametrize("mode", ["sdp", "tcp"])
+def test_kill_client(hosts, mode):
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "wait"],
+                       sdp=mode == "sdp"), env)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "recv"],
+                       sdp=mode == "sdp"), env)
+    cli.wait_line("connected")
+    srv.wait_line("accepted")
+    time.sleep(0.2)
+    cli.p.kill()
+    rc, out, err = srv.finish(timeout=20)
+    assert "recv returned 0 bytes" in out or "ConnectionResetError" in out, out + err[-2000:]
+
+
+@pytest.mark.parametrize("mode", ["sdp", "tcp"])
+def test_cut_link(hosts, mode):
+    """veth down under a blocked recv with keepalive and TCP_USER_TIMEOUT:
+    ETIMEDOUT (TimeoutError) as TCP gives, within seconds."""
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "wait"],
+                       sdp=mode == "sdp"), env)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "keepalive"],
+                       sdp=mode == "sdp"), env)
+    cli.wait_line("connected")
+    srv.wait_line("accepted")
+    hosts.link(False)
+    try:
+        rc, out, err = cli.finish(timeout=30)
+    finally:
+        hosts.link(True)
+    assert "recv error TimeoutError" in out, out + err[-2000:]
+
+
+# ---- applications ------------------------------------------------------------------------
+
+def test_iperf3_across_hosts(hosts):
+    if not shutil.which("iperf3"):
+        pytest.skip("iperf3 not installed")
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, ["iperf3", "-s", "-1", "-B", SRV4, "-p", p]), env)
+    srv.wait_line("Server listening")
+    res = subprocess.run(hosts.cmd(hosts.b, ["iperf3", "-c", SRV4, "-p", p, "-n", 64 << 20,
+                                             "-l", 128 << 10, "-J"]),
+                         env=env, capture_output=True, text=True, timeout=120)
+    rep = json.loads(res.stdout)
+    assert "error" not in rep, rep.get("error")
+    sent = rep["end"]["sum_sent"]["bytes"]
+    assert sent >= 64 << 20
+    assert res.stderr.count("SDP over ofi:tcp") >= 2, res.stderr[-2000:]   # control + data
+    rc, out, err = srv.finish()
+    assert err.count("SDP over ofi:tcp") >= 2, err[-2000:]
+
+
+def test_redis_across_hosts(hosts, tmp_path):
+    if not shutil.which("redis-server") or not shutil.which("redis-cli"):
+        pytest.skip("redis not installed")
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, ["redis-server", "--port", p, "--bind", SRV4, "--save", "",
+                                 "--appendonly", "no", "--dir", tmp_path]), env)
+    srv.wait_line("Ready to accept connections")
+    value = os.urandom(3 << 20).hex()      # 6 MiB through the stream both ways
+    r = subprocess.run(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "-x", "set", "k"]),
+                       input=value, env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "OK", r.stdout + r.stderr[-2000:]
+    assert "SDP over ofi:tcp" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "get", "k"]),
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == value.strip()
+    r = subprocess.run(hosts.cmd(hosts.b, ["redis-benchmark", "-h", SRV4, "-p", p, "-n", 2000,
+                                           "-c", 8, "-t", "set,get", "-q"]),
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "requests per second" in r.stdout, r.stdout + r.stderr[-2000:]
+    srv.p.terminate()
+    rc, out, err = srv.finish()
+    assert "SDP over ofi:tcp" in err, err[-2000:]
+
+
+def test_stress_across_hosts(hosts, tmp_path):
+    p = port()
+    env = _env(SDP_LOG=1)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, STRESS, "server", p, "blocking"]),
+             _env(SDP_LOG=2, STRESS_BIND=SRV4))
+    time.sleep(0.5)
+    go = tmp_path / "go"
+    go.touch()
+    res = subprocess.run(hosts.cmd(hosts.b, [sys.executable, STRESS, "client", p, "blocking",
+                                             8, 1 << 10, 8 << 20, 7, go]),
+                         env=_env(SDP_LOG=2, STRESS_HOST=SRV4), capture_output=True,
+                         text=True, timeout=180)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "SDP over ofi:tcp" in res.stderr, res.stderr[-2000:]
+    srv.p.terminate()
+    srv.finish()
+    del env
