@@ -80,6 +80,13 @@ def all_configs() -> list[Config]:
                feature="zcopy", env={"SDP_ZCOPY_THRESH": "1"}),
         Config("sdp-azcopy", "sdp", "SDP, asynchronous zero copy (SDP_AZCOPY=1)",
                feature="azcopy", env={"SDP_AZCOPY": "1"}),
+        # Between hosts: the two namespaces of tcp-veth-offload, SDP over
+        # the ofi provider. libfabric's tcp provider runs over kernel TCP
+        # on that veth: it cannot beat tcp-veth-offload, only approach it.
+        Config("sdp-ofi", "sdp",
+               "SDP between two network namespaces (the veth pair of tcp-veth-offload) over "
+               "the ofi provider on libfabric's tcp provider, itself kernel TCP",
+               feature="bcopy", server_addr=NET_SERVER, offload=True),
         Config("raw-cma", "raw", "process_vm_readv between two processes, no socket layer"),
         Config("raw-shm", "raw", "shared-memory ring between two processes, no socket layer"),
     ]
@@ -136,6 +143,16 @@ def resolve(configs: list[Config], ctx, netns) -> None:
             elif c.feature not in feats:
                 c.available, c.reason = False, (f"feature '{c.feature}' not reported by "
                                                 f"`sdp check` (features: {', '.join(feats) or 'none'})")
+            elif c.offload is not None:
+                # across namespaces: they and a libfabric provider must be there
+                provs = (doc.get("ofi") or {}).get("providers") or []
+                ok, why_ns = netns.status()
+                if not any(pv.get("usable") for pv in provs):
+                    c.available, c.reason = False, "no usable libfabric provider (sdp check)"
+                elif not ok:
+                    c.available, c.reason = False, why_ns
+                else:
+                    c.server_ns, c.client_ns = netns.names(c.offload)
         elif c.kind == "veth":
             ok, why_ns = netns.status()
             if not ok:

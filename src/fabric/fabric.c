@@ -18,6 +18,8 @@
 extern const struct fab_ops fab_ofi_ops;
 #endif
 
+__thread int fab_private;
+
 static const struct {
 	const struct fab_ops *ops;
 	enum fab_pref pref;               /* the policy name that forces it */

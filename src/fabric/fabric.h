@@ -430,6 +430,11 @@ enum {
 				    * (statistics) */
 };
 
+/* > 0 while the calling thread is inside a provider's own library
+ * (libfabric): the sockets made then are the provider's, not the
+ * application's, and the switch passes every call on them through. */
+extern __thread int fab_private;
+
 /* ---- the registry (fabric.c) ------------------------------------------- */
 
 /* Every provider's init, once per process image. */

@@ -339,7 +339,16 @@ void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying)
 		after_reap(kicked[j], true);
 }
 
+static void progress(struct ofi_conn *oc);
+
 void ofi_progress(struct ofi_conn *oc)
+{
+	fab_private++;
+	progress(oc);
+	fab_private--;
+}
+
+static void progress(struct ofi_conn *oc)
 {
 	int st = state(oc);
 	if (st != OFI_ST_UP) {
@@ -385,21 +394,29 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
 		return;
 	oc->err = err < 0 ? err : -EIO;
-	if (st != OFI_ST_UP) {
-		/* Nothing was ever sent over the fabric: both ends use TCP. */
-		OFI_LOG(1, "ofi: %s (%s) before the connection came up: TCP", why,
-			ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
+	/* The peer never came up if it never copied its block to us (it does
+	 * as it comes up): it closed or failed first, and consumed nothing.
+	 * We may be up and have sent: the hand-back re-sends it all. */
+	bool peer_never_up = atomic_load(&oc->peer->vers_head) == 0;
+	if (st != OFI_ST_UP || peer_never_up) {
+		/* Nothing was ever sent over the fabric: both ends use TCP
+		 * (what waits in our ring is re-sent there). */
+		OFI_LOG(err == -ECONNABORTED ? 2 : 1, "ofi: %s (%s) before the connection "
+			"came up: TCP", why, ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
 		atomic_store(&oc->state, OFI_ST_TCP);
 		ofi_wake(oc);
 		if (oc->chan >= 0) {
 			sys_close(oc->chan);      /* tells the client, if it waits */
 			oc->chan = -1;
 		}
+		if (oc->ep)
+			fi_shutdown(oc->ep, 0);   /* ... and a peer that accepted */
 		return;
 	}
 	/* The peer closed (its marks, or its endpoint went away): what we
 	 * still send is lost as on TCP, the engine reads the marks. */
-	if (oc->peer_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT))) {
+	if (!peer_never_up &&
+	    (oc->peer_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT)))) {
 		OFI_LOG(2, "ofi: %s after the peer closed", why);
 		return;
 	}
@@ -636,6 +653,16 @@ static void ofi_mark(struct fab_ep *ep, unsigned m)
 		return;
 	struct ofi_ctl *me = oc->me;
 	m &= FAB_M_FIN | FAB_M_ABORT | FAB_M_RD_SHUT | FAB_M_CLOSED | FAB_M_FB;
+	int st = state(oc);
+	if ((m & (FAB_M_FIN | FAB_M_ABORT | FAB_M_CLOSED | FAB_M_FB)) &&
+	    (st == OFI_ST_ANSWER || st == OFI_ST_WAITREQ || st == OFI_ST_CONNECTING)) {
+		/* Closing (or leaving) before the fabric connection is up:
+		 * what waits in the ring must not be lost with it. Both ends
+		 * go to TCP, where the engine's hand-back re-sends it. */
+		fab_private++;
+		ofi_fail(oc, -ECONNABORTED, "closing");
+		fab_private--;
+	}
 	if ((m & FAB_M_FIN) && !(atomic_load(&me->marks) & FAB_M_FIN))
 		atomic_store(&me->fin_seq, atomic_load(&oc->tx_prod));
 	if ((atomic_fetch_or(&me->marks, m) & m) == m)
@@ -741,6 +768,7 @@ static void ofi_arm(struct fab_ep *ep, unsigned what)
 	if (!oc || state(oc) == OFI_ST_TCP || state(oc) == OFI_ST_DOWN)
 		return;
 	atomic_fetch_or(&oc->local_armed, what | FAB_WAIT_RX);
+	fab_private++;
 	/* A message wakes its receiver by itself: only waits for the
 	 * peer's words need the peer told. */
 	what &= FAB_WAIT_CREDIT | FAB_WAIT_ZC;
@@ -767,6 +795,7 @@ static void ofi_arm(struct fab_ep *ep, unsigned what)
 		}
 		pthread_mutex_unlock(&ofi_p.lock);
 	}
+	fab_private--;
 }
 
 static void ofi_disarm(struct fab_ep *ep, unsigned what)

@@ -64,7 +64,17 @@ void ofi_init(const struct fab_params *p)
 
 /* Hosts on the networks of the fabric (ofi_lib.c); peer NULL: is there a
  * fabric at all. Loads libfabric the first time. */
+static bool ofi_reaches_in(const struct sockaddr *peer, socklen_t len);
+
 bool ofi_reaches(const struct sockaddr *peer, socklen_t len)
+{
+	fab_private++;
+	bool r_ = ofi_reaches_in(peer, len);
+	fab_private--;
+	return r_;
+}
+
+static bool ofi_reaches_in(const struct sockaddr *peer, socklen_t len)
 {
 	pthread_mutex_lock(&ofi_p.lock);
 	bool ok = ofi_load() && (!peer || ofi_in_nets(peer, len));
@@ -271,7 +281,17 @@ static void ep_fill(struct fab_ep *ep, struct ofi_conn *oc, int side)
 
 /* ---- client ------------------------------------------------------------------ */
 
+static int ofi_offer_in(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer *o);
+
 int ofi_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer *o)
+{
+	fab_private++;
+	int r_ = ofi_offer_in(ep, s, o);
+	fab_private--;
+	return r_;
+}
+
+static int ofi_offer_in(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer *o)
 {
 	if (!s->local || s->chan < 0)
 		return -EINVAL;
@@ -426,7 +446,8 @@ void ofi_cm_progress(struct ofi_dom *d)
 			/* The peer's endpoint is gone: its TCP socket tells
 			 * whether it closed or died (the engine reads it). */
 			oc->peer_shut = true;
-			if (atomic_load(&oc->state) != OFI_ST_UP)
+			if (atomic_load(&oc->state) != OFI_ST_UP ||
+			    atomic_load(&oc->peer->vers_head) == 0)
 				ofi_fail(oc, -ECONNREFUSED, "the peer closed the fabric's "
 					 "connection");
 		}
@@ -461,7 +482,17 @@ void ofi_chan_progress(struct ofi_conn *oc)
 
 /* ---- server -------------------------------------------------------------------- */
 
+static int ofi_accept_in(struct fab_ep *ep, const struct fab_setup *s, const struct fab_offer *o);
+
 int ofi_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab_offer *o)
+{
+	fab_private++;
+	int r_ = ofi_accept_in(ep, s, o);
+	fab_private--;
+	return r_;
+}
+
+static int ofi_accept_in(struct fab_ep *ep, const struct fab_setup *s, const struct fab_offer *o)
 {
 	struct ofi_offer of;
 	if (o->len != sizeof of || o->nfds != 1 || !s->local || !s->remote)
@@ -580,7 +611,16 @@ int ofi_wait_fd(struct fab_ep *ep, int tcpfd)
 }
 
 /* Last holder: let what we wrote reach the peer, then close. */
+static void ofi_detach_in(struct fab_ep *ep);
+
 void ofi_detach(struct fab_ep *ep)
+{
+	fab_private++;
+	ofi_detach_in(ep);
+	fab_private--;
+}
+
+static void ofi_detach_in(struct fab_ep *ep)
 {
 	struct ofi_conn *oc = ofi_of(ep);
 	ep->base = NULL;

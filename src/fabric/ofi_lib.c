@@ -4,10 +4,13 @@
  *
  * libsdp does not link against libfabric: it is opened with dlopen the
  * first time a connection might use it, so libsdp loads and works (shm and
- * TCP) where libfabric is not installed. RTLD_DEEPBIND makes libfabric and
- * the libraries it brings (libibverbs, librdmacm ...) call libc's socket,
- * connect, poll, close ... directly rather than the switch's: the
- * provider's own sockets are never taken for the application's.
+ * TCP) where libfabric is not installed. libfabric's calls to socket,
+ * connect, poll, close ... still come through the switch (RTLD_DEEPBIND
+ * would avoid that, but gives libfabric libc's malloc beside an
+ * application's own - jemalloc in redis - and a free of the other's
+ * memory aborts): every call of the provider into libfabric that may make
+ * a socket runs with fab_private raised, and the switch leaves such
+ * sockets alone (FDK_NONE).
  *
  * A libfabric provider is usable when it offers FI_EP_MSG endpoints with
  * FI_MSG and FI_RMA (verbs, tcp, sockets; efa offers only reliable
@@ -33,6 +36,8 @@
 #include "fabric/ofi.h"
 
 struct ofi_lib ofi_fi;
+/* The tool links this file alone; the library's definition is fabric.c's. */
+__attribute__((weak)) __thread int fab_private;
 struct ofi_proc ofi_p = { .lock = PTHREAD_MUTEX_INITIALIZER };
 
 #define OFI_API FI_VERSION(1, 9)
@@ -48,7 +53,9 @@ static bool lib_open(void)
 {
 	if (ofi_fi.h)
 		return true;
-	void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_DEEPBIND);
+	fab_private++;
+	void *h = dlopen("libfabric.so.1", RTLD_NOW | RTLD_LOCAL);
+	fab_private--;
 	if (!h)
 		return false;
 	ofi_fi.getinfo = (void *)dlsym(h, "fi_getinfo");
@@ -92,7 +99,17 @@ static struct fi_info *hints(const char *prov)
 	return h;
 }
 
+static int list_providers(struct ofi_prov_info *out, int max);
+
 int ofi_list_providers(struct ofi_prov_info *out, int max)
+{
+	fab_private++;
+	int n = list_providers(out, max);
+	fab_private--;
+	return n;
+}
+
+static int list_providers(struct ofi_prov_info *out, int max)
 {
 	if (!lib_open())
 		return -1;

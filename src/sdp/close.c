@@ -86,6 +86,11 @@ void sdp_release(struct sdp_conn *c, int fd)
 			sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 		} else {
 			send_fin(c, fd, true);
+			/* A provider whose connection was not up yet (ofi)
+			 * answers a FIN by going to TCP: hand what we posted
+			 * back on the socket before it closes. */
+			if (sdp_fallback_by_peer(c) && !atomic_load(&c->fb_done))
+				sdp_fallback(c, fd);
 		}
 	}
 	/* Stop asking for kicks and eat tokens already queued, so that the

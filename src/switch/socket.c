@@ -105,7 +105,10 @@ EXPORT int socket(int domain, int type, int protocol)
 	SDP_INIT();
 	int fd = real_socket(domain, type, protocol);
 	if (fd >= 0) {
-		fd_set_kind(fd, is_tcp_type(domain, type, protocol) ? FDK_INET : FDK_NONE);
+		/* a provider's own socket (fabric.h fab_private) is not the
+		 * application's: passed through like any other descriptor */
+		fd_set_kind(fd, is_tcp_type(domain, type, protocol) && !fab_private ?
+			    FDK_INET : FDK_NONE);
 		struct fdent *e = fd_get(fd);
 		if (e)
 			atomic_store(&e->opts, (type & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);

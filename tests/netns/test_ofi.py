@@ -22,7 +22,9 @@ What is proven:
 * applications: iperf3, redis, the checksummed stress test.
 """
 import json
+import atexit
 import os
+import select
 import shutil
 import subprocess
 import sys
@@ -65,9 +67,9 @@ class Hosts:
     """Two namespaces, a veth pair, IPv4 and IPv6 addresses."""
 
     def __init__(self):
-        tag = str(os.getpid())[-6:]
+        tag = str(os.getpid())
         self.a, self.b = f"sdpo{tag}a", f"sdpo{tag}b"
-        self.va, self.vb = f"so{tag}a", f"so{tag}b"
+        self.va, self.vb = f"so{tag[-7:]}a", f"so{tag[-7:]}b"
 
     def make(self):
         steps = [["ip", "netns", "add", self.a], ["ip", "netns", "add", self.b],
@@ -110,7 +112,14 @@ def hosts():
     if not any(p["usable"] and p["name"] == "tcp" for p in ofi.get("providers", [])):
         pytest.skip("no usable libfabric tcp provider (sdp check: %s)" %
                     json.dumps(ofi)[:300])
+    # Namespaces of an earlier run of this module that was killed.
+    for line in _run(["ip", "netns", "list"]).stdout.splitlines():
+        name = line.split()[0] if line.split() else ""
+        if name.startswith("sdpo") and name[4:-1].isdigit() and \
+                not os.path.exists(f"/proc/{int(name[4:-1])}"):
+            _run(["ip", "netns", "del", name])
     h = Hosts()
+    atexit.register(h.remove)
     err = h.make()
     if err:
         h.remove()
@@ -133,21 +142,26 @@ class Bg:
     def __init__(self, argv, env):
         self.p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
+        self.seen = ""
         Bg.live.append(self)
 
     def wait_line(self, text, timeout=20):
+        """Wait (bounded) for text on stdout; what was read is kept."""
         end = time.monotonic() + timeout
-        lines = []
-        while time.monotonic() < end:
-            line = self.p.stdout.readline()
-            if not line:
+        fd = self.p.stdout.fileno()
+        while text not in self.seen and time.monotonic() < end:
+            r, _, _ = select.select([fd], [], [], max(0.0, end - time.monotonic()))
+            if not r:
                 break
-            lines.append(line)
-            if text in line:
-                return lines
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            self.seen += chunk.decode(errors="replace")
+        if text in self.seen:
+            return self.seen
         self.p.kill()
         out, err = self.p.communicate()
-        pytest.fail(f"no {text!r} from {self.p.args}: {''.join(lines)}{out}{err[-3000:]}")
+        pytest.fail(f"no {text!r} from {self.p.args}: {self.seen}{out}{err[-3000:]}")
 
     def finish(self, timeout=30):
         try:
@@ -156,7 +170,7 @@ class Bg:
             self.p.kill()
             out, err = self.p.communicate()
             pytest.fail(f"{self.p.args} did not end in {timeout} s: {err[-3000:]}")
-        return self.p.returncode, out, err
+        return self.p.returncode, self.seen + out, err
 
 
 @pytest.fixture(autouse=True)
@@ -354,13 +368,22 @@ def test_cut_link(hosts, mode):
 
 # ---- applications ------------------------------------------------------------------------
 
+def _wait_listen(ns, p, timeout=20):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        out = _run(["ip", "netns", "exec", ns, "ss", "-Hltn", f"sport = :{p}"]).stdout
+        if out.strip():
+            return
+        time.sleep(0.05)
+    pytest.fail(f"nothing listens on port {p} after {timeout} s")
+
 def test_iperf3_across_hosts(hosts):
     if not shutil.which("iperf3"):
         pytest.skip("iperf3 not installed")
     p = port()
     env = _env(SDP_LOG=2)
     srv = Bg(hosts.cmd(hosts.a, ["iperf3", "-s", "-1", "-B", SRV4, "-p", p]), env)
-    srv.wait_line("Server listening")
+    _wait_listen(hosts.a, p)
     res = subprocess.run(hosts.cmd(hosts.b, ["iperf3", "-c", SRV4, "-p", p, "-n", 64 << 20,
                                              "-l", 128 << 10, "-J"]),
                          env=env, capture_output=True, text=True, timeout=120)
@@ -379,8 +402,9 @@ def test_redis_across_hosts(hosts, tmp_path):
     p = port()
     env = _env(SDP_LOG=2)
     srv = Bg(hosts.cmd(hosts.a, ["redis-server", "--port", p, "--bind", SRV4, "--save", "",
+                                 "--protected-mode", "no",
                                  "--appendonly", "no", "--dir", tmp_path]), env)
-    srv.wait_line("Ready to accept connections")
+    _wait_listen(hosts.a, p)
     value = os.urandom(3 << 20).hex()      # 6 MiB through the stream both ways
     r = subprocess.run(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "-x", "set", "k"]),
                        input=value, env=env, capture_output=True, text=True, timeout=60)
@@ -403,7 +427,7 @@ def test_stress_across_hosts(hosts, tmp_path):
     env = _env(SDP_LOG=1)
     srv = Bg(hosts.cmd(hosts.a, [sys.executable, STRESS, "server", p, "blocking"]),
              _env(SDP_LOG=2, STRESS_BIND=SRV4))
-    time.sleep(0.5)
+    _wait_listen(hosts.a, p)
     go = tmp_path / "go"
     go.touch()
     res = subprocess.run(hosts.cmd(hosts.b, [sys.executable, STRESS, "client", p, "blocking",
