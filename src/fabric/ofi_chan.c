@@ -390,6 +390,11 @@ void ofi_wake(struct ofi_conn *oc)
 
 void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 {
+	/* The fabric connection is broken: nothing more comes on it (the
+	 * tcp provider fails the posted receives after the peer's last
+	 * byte; it reports no FI_SHUTDOWN). */
+	bool was_shut = oc->peer_shut;
+	oc->peer_shut = true;
 	int st = state(oc);
 	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
 		return;
@@ -416,7 +421,7 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 	/* The peer closed (its marks, or its endpoint went away): what we
 	 * still send is lost as on TCP, the engine reads the marks. */
 	if (!peer_never_up &&
-	    (oc->peer_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT)))) {
+	    (was_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT)))) {
 		OFI_LOG(2, "ofi: %s after the peer closed", why);
 		return;
 	}
@@ -839,11 +844,30 @@ static int ofi_drain(struct fab_ep *ep, int wfd)
 	}
 	char b;
 	ssize_t r = sys_recvfrom(wfd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
-	if (r == 0)
-		return 1;
-	if (r < 0 && errno != EAGAIN && errno != EINTR)
-		return -errno;
-	return 0;
+	int e = r < 0 ? errno : 0;
+	if (r > 0 || (r < 0 && (e == EAGAIN || e == EINTR)))
+		return 0;
+	/* The peer's TCP socket closed. Its fabric connection is another
+	 * TCP connection (or another fabric): what the peer sent there
+	 * before it closed - its last messages, its FIN mark - may still be
+	 * on the way. Wait for the fabric to say the peer's endpoint is gone
+	 * (all its data came before that), at most a second, before the
+	 * engine judges the end orderly or a reset. */
+	if (oc && state(oc) == OFI_ST_UP) {
+		uint64_t until = ofi_now_ns() + 1000000000ull;
+		while (!oc->peer_shut && state(oc) == OFI_ST_UP && ofi_now_ns() < until) {
+			struct pollfd p = { .fd = oc->wfd, .events = POLLIN };
+			sys_poll(&p, 1, 10);
+			ofi_progress(oc);
+			if (pthread_mutex_trylock(&ofi_p.lock) == 0) {
+				for (int i = 0; i < OFI_MAX_DOMAINS; i++)
+					if (ofi_p.dom[i].used)
+						ofi_cm_progress(&ofi_p.dom[i]);
+				pthread_mutex_unlock(&ofi_p.lock);
+			}
+		}
+	}
+	return r == 0 ? 1 : -e;
 }
 
 static uint64_t ofi_tokens_due(struct fab_ep *ep)

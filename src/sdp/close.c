@@ -55,6 +55,11 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 	}
 	if (how == SHUT_WR || how == SHUT_RDWR)
 		send_fin(c, fd, false);
+	/* A provider whose connection was not up yet (ofi) answers a FIN by
+	 * going to TCP: hand back now, and shut the socket as asked. */
+	if (sdp_fallback_by_peer(c) && !atomic_load(&c->fb_done) &&
+	    sdp_fallback(c, fd) == 0)
+		sys_shutdown(fd, how);
 	return 0;
 }
 
