@@ -260,6 +260,9 @@ struct ofi_mrc {                   /* one cached registration */
 
 struct ofi_conn {
 	pid_t owner;                   /* the process whose libfabric objects these are */
+	_Atomic bool dead;             /* detached: completions still queued for it
+					* are dropped (its contexts live on a while) */
+	uint64_t died_ns;
 	int side;                      /* 0 client, 1 server */
 	_Atomic int state;             /* enum ofi_state */
 	int err;                       /* why DOWN (-errno) */

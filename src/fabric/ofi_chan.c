@@ -157,8 +157,20 @@ static int send_kick(struct ofi_conn *oc)
 {
 	uint32_t sent = atomic_load(&oc->kicks_sent);
 	uint64_t reaped = atomic_load_explicit(&oc->peer->kicks_reaped, memory_order_acquire);
-	if ((uint64_t)sent - reaped >= OFI_KICKS)
-		return 0;                     /* the peer will wake for those */
+	/* All in flight: the peer is waking for them, and will say so
+	 * (kicks_reaped) - wait for that, briefly: a kick skipped here could
+	 * be the one that carries an arm the peer reads too early. */
+	uint64_t until = 0;
+	while ((uint64_t)sent - reaped >= OFI_KICKS) {
+		uint64_t now = ofi_now_ns();
+		if (!until)
+			until = now + 100000000ull;
+		if (now > until || state(oc) != OFI_ST_UP)
+			return 0;
+		ofi_progress(oc);
+		relax();
+		reaped = atomic_load_explicit(&oc->peer->kicks_reaped, memory_order_acquire);
+	}
 	atomic_fetch_add(&oc->kicks_sent, 1);
 	oc->kick->magic = OFI_KICK_MAGIC;
 	oc->kick->seq = sent + 1;
@@ -302,7 +314,7 @@ void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying)
 			if (fi_cq_readerr(d->cq, &ee, 0) < 0)
 				break;
 			struct ofi_op *op = ee.op_context;
-			if (op && op->oc && op->oc != dying)
+			if (op && op->oc && op->oc != dying && !atomic_load(&op->oc->dead))
 				on_error(op->oc, &ee);
 			continue;
 		}
@@ -310,7 +322,7 @@ void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying)
 			break;
 		for (ssize_t i = 0; i < n; i++) {
 			struct ofi_op *op = ev[i].op_context;
-			if (!op || !op->oc || op->oc == dying)
+			if (!op || !op->oc || op->oc == dying || atomic_load(&op->oc->dead))
 				continue;
 			struct ofi_conn *oc = op->oc;
 			bool k = false;
@@ -381,7 +393,10 @@ static void progress(struct ofi_conn *oc)
 
 void ofi_wake(struct ofi_conn *oc)
 {
-	if (atomic_load_explicit(&oc->local_armed, memory_order_acquire)) {
+	/* Dekker with ofi_arm: the arrival was stored before this load, the
+	 * sleeper's arm before its look at the arrivals. */
+	atomic_thread_fence(memory_order_seq_cst);
+	if (atomic_load_explicit(&oc->local_armed, memory_order_relaxed)) {
 		uint64_t one = 1;
 		ssize_t w = sys_write(oc->evfd, &one, sizeof one);
 		(void)w;

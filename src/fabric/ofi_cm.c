@@ -104,8 +104,33 @@ static int high_fd(int fd)
 	return h;
 }
 
+/* Connections closed less than a few seconds ago: their operation
+ * contexts stay valid for completions the provider may still queue. */
+#define GRAVE_MAX 256
+#define GRAVE_NS (5ull * 1000000000ull)
+static struct ofi_conn *grave[GRAVE_MAX];
+static int ngrave;
+
+static void conn_bury(struct ofi_conn *oc)
+{
+	uint64_t now = ofi_now_ns();
+	for (int i = ngrave - 1; i >= 0; i--)
+		if (ngrave == GRAVE_MAX || now - grave[i]->died_ns > GRAVE_NS) {
+			struct ofi_conn *g = grave[i];
+			grave[i] = grave[--ngrave];
+			free(g->order);
+			free(g->rxop);
+			free(g->txop);
+			free(g->miscop);
+			free(g);
+		}
+	oc->died_ns = now;
+	grave[ngrave++] = oc;
+}
+
 static void conn_free(struct ofi_conn *oc)
 {
+	atomic_store(&oc->dead, true);
 	if (oc->ep) {
 		fi_close(&oc->ep->fid);
 		/* Completions of ours still queued must go before our
@@ -125,13 +150,8 @@ static void conn_free(struct ofi_conn *oc)
 	ofi_mr_drop(oc);
 	if (oc->mem)
 		munmap(oc->mem, oc->memlen);
-	free(oc->order);
-	free(oc->rxop);
-	free(oc->txop);
-	free(oc->miscop);
-	pthread_mutex_destroy(&oc->plock);
-	pthread_mutex_destroy(&oc->wlock);
-	free(oc);
+	oc->mem = NULL;
+	conn_bury(oc);                        /* under ofi_p.lock */
 }
 
 /* Region, registration, CQ and wait descriptor for nslots x slot_size. */
