@@ -76,9 +76,13 @@ bool ofi_reaches(const struct sockaddr *peer, socklen_t len)
 
 static bool ofi_reaches_in(const struct sockaddr *peer, socklen_t len)
 {
+	/* Loading libfabric runs every provider's start-up, which may leave
+	 * errno set: the application's errno is not ours to change. */
+	int saved = errno;
 	pthread_mutex_lock(&ofi_p.lock);
 	bool ok = ofi_load() && (!peer || ofi_in_nets(peer, len));
 	pthread_mutex_unlock(&ofi_p.lock);
+	errno = saved;
 	return ok;
 }
 

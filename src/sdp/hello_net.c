@@ -80,11 +80,11 @@ int sdp_net_listen(int fd, enum fab_pref pref)
 	socklen_t len = sizeof a;
 	if (pref != FAB_PREF_ANY && pref != FAB_PREF_OFI)
 		return -1;
+	if (sys_getsockname(fd, &a, &len) < 0 || loopback(&a.sa))
+		return -1;                    /* only this host can reach it */
 	const struct fab_ops *ops = fab_remote();
 	if (!ops || !ops->reaches(NULL, 0))
 		return -1;                    /* no fabric between hosts here */
-	if (sys_getsockname(fd, &a, &len) < 0 || loopback(&a.sa))
-		return -1;
 	uint16_t port = ntohs(a.sa.sa_family == AF_INET ? a.in.sin_port : a.in6.sin6_port);
 	uint16_t np = htons(net_port(port));
 	if (a.sa.sa_family == AF_INET)
