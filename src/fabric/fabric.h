@@ -193,6 +193,9 @@ struct sdp_zctl;
 struct sdp_zctl *shm_zc_me(struct fab_ep *ep);
 struct sdp_zctl *shm_zc_peer(struct fab_ep *ep);
 
+/* The one byte a kick writes on the TCP socket (a wake-up token). */
+#define SHM_TOKEN_BYTE 0xDB
+
 /* Fallback to TCP (sdp/fallback.c): the `fb` mark of a control block. */
 enum shm_fb {
 	SHM_FB_NONE    = 0,      /* on SDP */

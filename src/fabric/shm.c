@@ -375,6 +375,32 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 	}
 }
 
+/* Are these bytes all wake-up tokens? */
+static bool all_tokens(const unsigned char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != SHM_TOKEN_BYTE)
+			return false;
+	return true;
+}
+
+/*
+ * A byte beyond the announced tokens while the peer is on SDP (its
+ * fallback mark not final) was not written by the peer's library: the
+ * peer writes application bytes on the TCP socket only after its mark is
+ * final, and counts every token before writing it. Such a byte (a raw
+ * system call, io_uring, a hostile peer) cannot be placed in the stream,
+ * and left unread it would keep the socket readable, so that every sleep
+ * on it returned at once: -EPROTO, the caller resets the connection.
+ * Loaded after the peek that showed the byte: a token or a final mark
+ * behind it is then visible.
+ */
+static bool stray_byte(struct fab_ep *ep)
+{
+	return tokens_due(ep) == 0 &&
+	       atomic_load(&peer(ep)->fb) != SHM_FB_FINAL;
+}
+
 static int shm_drain(struct fab_ep *ep, int wfd)
 {
 	unsigned char buf[256];
@@ -386,6 +412,13 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 					 NULL, NULL);
 			if (r == 0)
 				return 1;
+			if (r == 1 && tokens_due(ep))
+				continue;             /* a token announced meanwhile */
+			if (r == 1 && stray_byte(ep))
+				return -EPROTO;
+			if (r == 1)
+				return 0;             /* application bytes after the
+						       * peer's fallback */
 			if (r < 0 && errno != EAGAIN && errno != EINTR)
 				return -errno;
 			return 0;
@@ -395,6 +428,8 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 				 NULL, NULL);
 		if (r > 0) {
 			atomic_fetch_add(&me(ep)->tokens_rcvd, (uint64_t)r);
+			if (!all_tokens(buf, (size_t)r))
+				return -EPROTO;   /* not ours: see stray_byte */
 			if ((size_t)r < want)
 				return 0;
 			continue;

@@ -17,7 +17,6 @@
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
 #define SHM_VERSION 5
 #define SHM_HDR_SIZE 4096u
-#define SHM_TOKEN_BYTE 0xDB
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
 
 struct shm_side {                 /* written only by its own side */

@@ -70,6 +70,9 @@ static int discard_tokens(struct fab_ep *ep, int fd)
 		ssize_t r = syscall(SYS_recvfrom, fd, buf, want, MSG_DONTWAIT, NULL, NULL);
 		if (r > 0) {
 			shm_tokens_took(ep, (uint64_t)r);
+			for (ssize_t i = 0; i < r; i++)
+				if ((unsigned char)buf[i] != SHM_TOKEN_BYTE)
+					return -EPROTO;   /* not a token */
 			last = sdp_now_ns();
 			continue;
 		}

@@ -130,6 +130,21 @@ static void wake_others(struct sdp_conn *c)
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
 	int r = c->ep.ops->drain(&c->ep, fd);
+	if (r == -EPROTO) {
+		/* A byte on the TCP socket that no library wrote: it has no
+		 * place in the stream, and left there it would end every
+		 * sleep at once. Reset, and wake the peer to see it. */
+		if (!sdp_is_reset(c)) {
+			sdp_log(0, "fd %d: a byte that is not a wake-up token arrived "
+				"on the TCP socket (written outside libsdp): "
+				"connection reset", fd);
+			sdp_conn_abort(c, ECONNRESET);
+			c->ep.ops->kick(&c->ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT |
+					FAB_WAIT_ZC);
+		}
+		wake_others(c);
+		return;
+	}
 	if (r)
 		c->st.doorbells_rx++;
 	note_wakeup_result(c, r);
@@ -427,7 +442,10 @@ void sdp_check_peer(struct sdp_conn *c)
 
 void sdp_conn_abort(struct sdp_conn *c, int err)
 {
-	atomic_store(&c->so_error, err);
+	/* A reset is reported once by the RESET state (sdp_take_reset), as
+	 * TCP reports ECONNRESET once; only another error needs so_error. */
+	if (err != ECONNRESET)
+		atomic_store(&c->so_error, err);
 	atomic_store(&c->state, SDP_ST_RESET);
 	shm_set_abort(&c->ep);
 }
