@@ -223,7 +223,13 @@ int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 void sdp_release(struct sdp_conn *c, int fd);
 
 /* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
-int  sdp_fallback(struct sdp_conn *c, int fd);
+/* *subst >= 0: the peer was gone and left bytes we had not read; every fd
+ * of this process that names c is to name *subst instead (a socket that
+ * yields them, then EOF or a reset), and *subst is then closed. */
+int  sdp_fallback(struct sdp_conn *c, int fd, int *subst);
+/* The same from inside the engine, where only fd is known: a substitute
+ * replaces fd alone (the switch turns the other fds to TCP later). */
+int  sdp_fallback_fd(struct sdp_conn *c, int fd);
 void sdp_fallback_publish(struct sdp_conn *c, int fd);
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
