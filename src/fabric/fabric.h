@@ -20,6 +20,7 @@
 #ifndef SDP_FABRIC_H
 #define SDP_FABRIC_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,6 +65,8 @@ static inline uint64_t fab_clock(void)
 enum fab_wait {
 	FAB_WAIT_RX     = 1u << 0,   /* a message arrives */
 	FAB_WAIT_CREDIT = 1u << 1,   /* the peer consumed messages (credits back) */
+	FAB_WAIT_ENGINE = 1u << 2,   /* the engine's own (FAB_WAIT_ZC, conn.h) */
+	FAB_WAIT_ALL    = 0x7,       /* every bit a waiter may arm */
 };
 
 struct fab_ops {
@@ -145,6 +148,20 @@ struct fab_ep {
 	uint32_t  slot_size;   /* bytes per receive buffer */
 	int32_t   peer_pid;    /* for RDMA by Cross Memory Attach */
 	uint32_t  flags;       /* FAB_EP_* */
+	/* What this side published in its own control block. Its own
+	 * decisions use these copies, never the shared words (which anyone
+	 * who can write the region can change); the shared words are what
+	 * the peer reads, and shm_self_sane compares the two. */
+	_Atomic uint64_t my_prod;        /* messages posted (TCP: snd_nxt) */
+	_Atomic uint64_t my_cons;        /* peer messages consumed (TCP: rcv_nxt) */
+	_Atomic uint64_t my_tokens_rcvd; /* peer tokens read off the socket */
+	_Atomic uint32_t my_fb;          /* enum shm_fb */
+	_Atomic uint32_t my_flags;       /* SHM_MY_*: marks we set (FIN, RST...) */
+	uint64_t  full_at;     /* the peer's prod when a release of ours found
+				* its ring full: it may wait for that credit */
+	_Atomic uint32_t owed_engine; /* a FAB_WAIT_ENGINE kick found the peer
+				       * not armed: it may wait for it */
+	uint32_t  pad1;
 };
 
 enum {
@@ -181,6 +198,15 @@ void shm_set_abort(struct fab_ep *ep);
 int  shm_peer_abort(struct fab_ep *ep);
 int  shm_peer_fin_seen(struct fab_ep *ep);   /* FIN received, maybe data before it */
 bool shm_peer_sane(struct fab_ep *ep);       /* false: abort the connection */
+/* Our own control block still holds what we wrote (exactly for the words
+ * the held lock serializes: SHM_SELF_TX with tx_lock, SHM_SELF_RX with
+ * rx_lock); false: abort, the reason in shm_peer_insane_why(). */
+enum { SHM_SELF_TX = 1, SHM_SELF_RX = 2 };
+enum { SHM_MY_FIN = 1, SHM_MY_ABORT = 2, SHM_MY_RDSHUT = 4, SHM_MY_CLOSED = 8 };
+int  shm_my_abort(struct fab_ep *ep);        /* we published a reset */
+bool shm_self_sane(struct fab_ep *ep, unsigned locked);
+/* Before sleeping: a token the peer may be owed (see shm.c). */
+int  shm_kick_owed(struct fab_ep *ep, int wfd);
 const char *shm_peer_insane_why(void);       /* what the last false was about */
 void shm_set_closed(struct fab_ep *ep);      /* our socket is fully closed */
 void shm_set_rd_shut(struct fab_ep *ep);

@@ -174,6 +174,13 @@ static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
 	ep->slot_size = slot_size;
 	ep->peer_pid = 0;
 	ep->flags = flags;
+	atomic_store(&ep->my_prod, 0);        /* the control blocks are zeroed */
+	atomic_store(&ep->my_cons, 0);
+	atomic_store(&ep->my_tokens_rcvd, 0);
+	atomic_store(&ep->my_fb, 0);
+	atomic_store(&ep->my_flags, 0);
+	ep->full_at = 0;
+	atomic_store(&ep->owed_engine, 0);
 }
 
 static int memfd_new(size_t len)

@@ -85,6 +85,7 @@ struct sdp_conn {
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
 	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
 					    * accepted, answered by RST) */
+	_Atomic uint32_t reset_told;   /* the peer was kicked to see our reset */
 
 	uint32_t rx_off;               /* bytes of the head Data/SrcAvail consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
@@ -138,6 +139,13 @@ void sdp_unlock(pthread_mutex_t *m);
  * usual case) is the watcher and sleeps unbounded: an idle connection
  * costs no CPU. */
 #define SDP_SHARED_SLICE_MS 10
+/* No library sleep on a connection lasts longer than this without a fresh
+ * look at the shared state (and a new request to be kicked), except the
+ * watcher's blocking recv(MSG_PEEK), which must stay the kernel's own for
+ * exact signal and SO_RCVTIMEO behaviour: a corruption of the region that
+ * clears a sleeper's request to be kicked then costs at most this delay
+ * where the sleep is bounded (ARCHITECTURE.md section 11). */
+#define SDP_CHECK_MS 1000
 
 /* ---- tx.c / rx.c (Buffer Copy data path) ---------------------------------- */
 ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
@@ -160,7 +168,7 @@ unsigned sdp_events(struct sdp_conn *c);
 uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
-void    sdp_arm(struct sdp_conn *c, unsigned events);
+void    sdp_arm(struct sdp_conn *c, int fd, unsigned events);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
@@ -188,6 +196,8 @@ int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 void    sdp_abort_insane(struct sdp_conn *c);
+/* The connection is reset: make sure the peer sees it (our mark + kick). */
+void    sdp_reset_tell(struct sdp_conn *c, int fd);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);

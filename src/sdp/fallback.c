@@ -178,17 +178,21 @@ void sdp_fallback_publish(struct sdp_conn *c, int fd)
  * the kick the peer gives after its stage 1 wakes us (the peer has not
  * seen our mark yet while it is on SDP; once it follows, its kick is
  * counted before its count is frozen). Between the peer's two stages
- * there are only a few stores: yield for them, then nap in short slices,
- * so a peer stopped there costs no CPU. Tokens are taken only as the
+ * there are only a few stores: yield for them, then nap in slices growing
+ * from 1 to 100 ms, so a peer stopped there (or a mark that a third
+ * process wrote) costs no CPU. Tokens are taken only as the
  * connection's watcher (another thread's sleep may be taking them).
  */
 static int wait_peer_final(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
 	unsigned yields = 0;
+	int nap = 1;                          /* ms, doubling up to 100 */
 	for (;;) {
+		/* Gone by the kernel's word (its FIN or RST; a `closed` mark
+		 * alone is not trusted: the FIN follows it at once), or reset. */
 		if (atomic_load(&c->peer_gone) || shm_peer_abort(ep) ||
-		    shm_peer_closed(ep) || atomic_load(&c->state) == SDP_ST_RESET)
+		    atomic_load(&c->state) == SDP_ST_RESET)
 			return 1;             /* the peer will not follow */
 		ep->ops->arm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT);
 		bool watching = sdp_watch(c);
@@ -206,7 +210,8 @@ static int wait_peer_final(struct sdp_conn *c, int fd)
 				sched_yield();
 				continue;
 			}
-			ms = 1;
+			ms = nap;
+			nap = nap < 50 ? nap * 2 : 100;
 		}
 		if (watching) {
 			struct pollfd p = { .fd = fd, .events = POLLIN };

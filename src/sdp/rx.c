@@ -18,6 +18,7 @@
 #include "sdp/proto.h"
 #include "switch/log.h"
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Read and validate the idx-th pending message header. */
@@ -564,7 +565,15 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				sdp_conn_abort(c, ECONNRESET);
 				break;
 			}
-			__builtin_ia32_pause();
+			/* The write takes one copy's time; past a millisecond
+			 * (a stopped source, or a state a third process wrote),
+			 * wait without taking the CPU. */
+			if (sdp_now_ns() + 1999000000ull > deadline) {
+				struct timespec nap = { 0, 200000 };
+				nanosleep(&nap, NULL);
+			} else {
+				__builtin_ia32_pause();
+			}
 		}
 	}
 	if (!peek)
@@ -576,6 +585,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	sdp_unlock(&c->rx_lock);
+	sdp_reset_tell(c, fd);
 	if (!peek)
 		sdp_proc_bytes(0, copied);
 	if (copied)
@@ -653,7 +663,7 @@ uint64_t sdp_ready_since(struct sdp_conn *c)
 	return ep->ops->rx_since(ep);
 }
 
-void sdp_arm(struct sdp_conn *c, unsigned events)
+void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 {
 	unsigned what = 0;
 	if (events & (POLLIN | POLLRDNORM | POLLRDHUP))
@@ -661,4 +671,5 @@ void sdp_arm(struct sdp_conn *c, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
+	shm_kick_owed(&c->ep, fd);            /* we may sleep now */
 }

@@ -187,6 +187,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	r = tx_error(c);
 	if (r) {
 		sdp_unlock(&c->tx_lock);
+		sdp_reset_tell(c, fd);
 		return r == 1 ? (ssize_t)total : r;
 	}
 	zc_ack_cancel(c, fd);
@@ -271,6 +272,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	c->st.tx_bytes += done;
 	c->st.credits = ep->ops->credits(ep);
 	sdp_unlock(&c->tx_lock);
+	sdp_reset_tell(c, fd);
 	sdp_proc_bytes(done, 0);
 	if (done || total == 0)
 		return (ssize_t)done;

@@ -33,6 +33,7 @@ PROGRAMS = sorted(p.stem for p in HERE.glob("t_*.c"))
 # new pair of mappings in /proc/self/maps, which needs a region per
 # connection; region reuse has its own program (t_region).
 PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
+            "t_scribble": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
             "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"}}
 
