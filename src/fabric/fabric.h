@@ -157,8 +157,9 @@ struct fab_ep {
 	_Atomic uint64_t my_tokens_rcvd; /* peer tokens read off the socket */
 	_Atomic uint32_t my_fb;          /* enum shm_fb */
 	_Atomic uint32_t my_flags;       /* SHM_MY_*: marks we set (FIN, RST...) */
-	uint64_t  full_at;     /* the peer's prod when a release of ours found
-				* its ring full: it may wait for that credit */
+	_Atomic uint64_t full_at; /* the peer's prod when a release of ours
+				   * found its ring full: it may wait for that
+				   * credit (0: none) */
 	_Atomic uint32_t owed_engine; /* a FAB_WAIT_ENGINE kick found the peer
 				       * not armed: it may wait for it */
 	uint32_t  pad1;

@@ -390,7 +390,7 @@ static int shm_rx_release(struct fab_ep *ep)
 	 * this credit (shm_kick_owed). */
 	uint64_t pp = atomic_load_explicit(&peer(ep)->prod, memory_order_relaxed);
 	if (pp - c == ep->nslots)
-		ep->full_at = pp;
+		atomic_store_explicit(&ep->full_at, pp, memory_order_relaxed);
 	atomic_store_explicit(&ep->my_cons, c + 1, memory_order_release);
 	atomic_store_explicit(&m->cons, c + 1, memory_order_release);
 	return 0;
@@ -477,11 +477,11 @@ int shm_kick_owed(struct fab_ep *ep, int wfd)
 	uint32_t armed = atomic_load(&p->armed);
 	bool owed = !(armed & FAB_WAIT_RX) &&
 		    atomic_load(&p->cons) < atomic_load(&ep->my_prod);
-	uint64_t fa = ep->full_at;
+	uint64_t fa = atomic_load_explicit(&ep->full_at, memory_order_relaxed);
 	if (fa) {
 		if (atomic_load(&p->prod) == fa && !(armed & FAB_WAIT_CREDIT))
 			owed = true;
-		ep->full_at = 0;
+		atomic_store_explicit(&ep->full_at, 0, memory_order_relaxed);
 	}
 	if (atomic_load_explicit(&ep->owed_engine, memory_order_relaxed) &&
 	    atomic_exchange(&ep->owed_engine, 0) && !(armed & FAB_WAIT_ENGINE))

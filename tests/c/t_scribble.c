@@ -224,7 +224,11 @@ int main(void)
 			trial(t);
 		}
 		int st;
+		double t1 = tl_now();
 		CHECK_EQ(waitpid(pid, &st, 0), pid);
+		if (tl_now() - t1 > 1.5)
+			printf("trial %d took %.1f s (status %d)\n", t, tl_now() - t1,
+			       WIFEXITED(st) ? WEXITSTATUS(st) : -1);
 		CHECK(WIFEXITED(st), "trial %d: killed by signal %d", t,
 		      WIFSIGNALED(st) ? WTERMSIG(st) : 0);
 		CHECK(WEXITSTATUS(st) == 0 || WEXITSTATUS(st) == 10,
