@@ -469,8 +469,12 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 int shm_kick_owed(struct fab_ep *ep, int wfd)
 {
 	/* No fence of its own: callers have just armed (which fences), and
-	 * this is a safety net, not one half of a Dekker pair. */
+	 * this is a safety net, not one half of a Dekker pair. A peer that
+	 * has not attached yet (or never will: it kept the connection on
+	 * TCP) is owed nothing: only a peer that armed may get a token. */
 	struct shm_side *p = peer(ep);
+	if (atomic_load(&p->pid) == 0)
+		return 0;                     /* its first write when it attaches */
 	uint64_t sent = atomic_load(&me(ep)->tokens_sent);
 	if ((sent & TOKENS_FROZEN) || atomic_load(&p->tokens_rcvd) != sent)
 		return 0;
