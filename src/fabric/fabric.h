@@ -155,6 +155,8 @@ struct fab_ep {
 	_Atomic uint64_t my_prod;        /* messages posted (TCP: snd_nxt) */
 	_Atomic uint64_t my_cons;        /* peer messages consumed (TCP: rcv_nxt) */
 	_Atomic uint64_t my_tokens_rcvd; /* peer tokens read off the socket */
+	_Atomic uint64_t my_rx_bytes;    /* stream bytes consumed, as published
+					  * for the byte window (TCP: copied_seq) */
 	_Atomic uint32_t my_fb;          /* enum shm_fb */
 	_Atomic uint32_t my_flags;       /* SHM_MY_*: marks we set (FIN, RST...) */
 	_Atomic uint64_t full_at; /* the peer's prod when a release of ours

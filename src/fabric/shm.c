@@ -165,6 +165,9 @@ static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked)
 		return insane("our consumed count was overwritten");
 	if (st > pt)
 		return insane("our token count was overwritten");
+	uint64_t sb = atomic_load(&m->rx_bytes), pb = atomic_load(&ep->my_rx_bytes);
+	if (sb > pb || ((locked & SHM_SELF_RX) && sb != pb))
+		return insane("our consumed byte count was overwritten");
 	uint32_t sfb = atomic_load(&m->fb), pfb = atomic_load(&ep->my_fb);
 	if (sfb > pfb || (locked == (SHM_SELF_TX | SHM_SELF_RX) && sfb != pfb))
 		return insane("our fallback mark was overwritten");
@@ -326,6 +329,7 @@ static uint64_t shm_rx_since(struct fab_ep *ep)
 
 static void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
 {
+	atomic_store_explicit(&ep->my_rx_bytes, bytes, memory_order_release);
 	atomic_store_explicit(&me(ep)->rx_bytes, bytes, memory_order_release);
 }
 

@@ -177,6 +177,7 @@ static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
 	atomic_store(&ep->my_prod, 0);        /* the control blocks are zeroed */
 	atomic_store(&ep->my_cons, 0);
 	atomic_store(&ep->my_tokens_rcvd, 0);
+	atomic_store(&ep->my_rx_bytes, 0);
 	atomic_store(&ep->my_fb, 0);
 	atomic_store(&ep->my_flags, 0);
 	atomic_store(&ep->full_at, 0);

@@ -61,6 +61,13 @@ static bool window(struct sdp_conn *c, uint64_t *lim, uint64_t *out)
 	uint64_t taken = ep->ops->peer_rx_bytes(ep);
 	*lim = l;
 	*out = sent > taken ? sent - taken : 0;   /* nonsense from the peer: 0 */
+	/* With our ring empty the peer consumed every byte we handed over
+	 * (a message is released only when wholly read): nothing is
+	 * outstanding, whatever its word says - a word a third process may
+	 * have written while the peer sleeps, which would leave this send
+	 * waiting for a release that never comes. */
+	if (ep->ops->credits(ep) == ep->nslots)
+		*out = 0;
 	return true;
 }
 

@@ -5,7 +5,8 @@
  * exchange data in rounds: a chunk of random size one way (received with
  * MSG_WAITALL and checked byte by byte), its length back as an answer.
  * Odd trials wait with poll() before each call, even ones block in
- * send/recv.
+ * send/recv; in every other pair of trials the sockets have 64 KiB
+ * SO_SNDBUF / SO_RCVBUF (a byte window).
  *
  * The promise (ARCHITECTURE.md section 11): anything inconsistent resets
  * that connection, never the process, and never leaves a call blocked or
@@ -162,6 +163,15 @@ static void trial(int t)
 	struct map before[16], now[16];
 	int nb = tl_sdp_mode() ? conn_maps(before, 16) : 0;
 	tl_pair(AF_INET, &cfd, &sfd);
+	if (t % 4 >= 2 || getenv("T_SNDBUF")) {
+		/* A byte window (SO_SNDBUF / SO_RCVBUF) limits the sender by
+		 * the receiver's count of consumed bytes, one more word. */
+		int v = getenv("T_SNDBUF") ? atoi(getenv("T_SNDBUF")) : 65536;
+		SYS(setsockopt(cfd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v));
+		SYS(setsockopt(sfd, SOL_SOCKET, SO_SNDBUF, &v, sizeof v));
+		SYS(setsockopt(cfd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v));
+		SYS(setsockopt(sfd, SOL_SOCKET, SO_RCVBUF, &v, sizeof v));
+	}
 	expect_transport(cfd);
 	expect_transport(sfd);
 	char *region = NULL;
