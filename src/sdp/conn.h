@@ -79,8 +79,6 @@ struct sdp_conn {
 	_Atomic uint32_t rcvlowat;     /* SO_RCVLOWAT (TCP: sk_rcvlowat), >= 1 */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
-	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
-					    * accepted, answered by RST) */
 
 	uint32_t rx_off;               /* bytes of the head Data/SrcAvail consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
@@ -177,6 +175,9 @@ void    sdp_check_peer(struct sdp_conn *c);
 bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);
+/* tx.c: the errno TCP reports for a reset not reported yet (0 = none):
+ * EPIPE if the peer's FIN came before it, else ECONNRESET. Once. */
+int     sdp_reset_errno(struct sdp_conn *c);
 
 /* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
 #define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */

@@ -531,8 +531,8 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 					 &c->app_nodelay : &c->app_cork));
 	if (c && level == SOL_SOCKET && name == SO_ERROR) {
 		int e = atomic_exchange(&c->so_error, 0);
-		if (!e && sdp_take_reset(c))
-			e = ECONNRESET;
+		if (!e)
+			e = sdp_reset_errno(c);
 		/* Only ours: the TCP socket's own errors (a peer's RST on
 		 * close) are already part of this connection's state. */
 		return put_int(val, len, e);
