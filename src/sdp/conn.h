@@ -214,14 +214,20 @@ bool sdp_fallback_pending(struct sdp_conn *c);
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */
 struct sdp_listener;
-int  sdp_listener_open(int fd, struct sdp_listener **out);
+/* A listening socket: publish (or join, SO_REUSEPORT) its rendezvous.
+ * offer: the policy allows SDP; a SO_REUSEPORT listener that may not
+ * offer it still joins its group, to withdraw it for every member. */
+int  sdp_listener_open(int fd, bool offer, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
-/* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
-/* *refuse < 0: the client said hello but cannot be served (-errno):
- * reset the connection rather than keep it TCP on our side only. */
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse);
+/* Accepted TCP socket newfd: SDP connection if its client sent a hello.
+ * *refuse < 0: the client said hello but cannot be served (-errno, *why
+ * says why): reset the connection rather than keep it TCP on our side
+ * only. *refuse > 0: an internal connection (a listener joining the
+ * SO_REUSEPORT group woke us with it): close it unseen. */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
+				  const char **why);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
 struct sdp_connect_state {

@@ -106,21 +106,47 @@ EXPORT int socket(int domain, int type, int protocol)
 	return fd;
 }
 
+static bool offers_sdp(int fd)
+{
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	return sys_getsockname(fd, &a, &len) == 0 &&
+	       sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP;
+}
+
 EXPORT int listen(int fd, int backlog)
 {
 	SDP_INIT();
-	int r = real_listen(fd, backlog);
-	if (r < 0 || fd_kind(fd) != FDK_INET)
-		return r;
+	if (fd_kind(fd) != FDK_INET)
+		return real_listen(fd, backlog);
+	/* A SO_REUSEPORT socket bound to a port joins its group's rendezvous
+	 * before the kernel can give it a SYN (hello.c, group.c). */
+	int one = 0;
+	socklen_t ol = sizeof one;
 	union sdp_addr a;
 	socklen_t len = sizeof a;
+	bool early = sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one &&
+		     sys_getsockname(fd, &a, &len) == 0 &&
+		     (a.sa.sa_family == AF_INET ? a.in.sin_port : a.in6.sin6_port) != 0;
 	struct sdp_listener *l = NULL;
-	if (sys_getsockname(fd, &a, &len) == 0 &&
-	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP) {
-		int e = sdp_listener_open(fd, &l);
-		if (e < 0)
-			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
+	int e = 0;
+	if (early)
+		e = sdp_listener_open(fd, offers_sdp(fd), &l);
+	int r = real_listen(fd, backlog);
+	if (r < 0) {
+		int le = errno;
+		if (l) {                      /* let the fd table count its holders */
+			fd_set_listen(fd, l);
+			fd_forget(fd);
+			fd_set_kind(fd, FDK_INET);
+		}
+		errno = le;
+		return r;
 	}
+	if (!early)
+		e = sdp_listener_open(fd, offers_sdp(fd), &l);
+	if (e < 0)
+		sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
 	fd_set_listen(fd, l);
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
 	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
@@ -182,10 +208,10 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 
 /* A client that said hello and cannot be served: reset its connection
  * (it sees ECONNRESET, as if the server had aborted it at once). */
-static void refuse_conn(int lfd, int nfd, int why)
+static void refuse_conn(int lfd, int nfd, const char *why)
 {
 	sdp_log(0, "accept fd %d: an SDP client could not be served (%s): "
-		"connection reset", lfd, strerror(-why));
+		"connection reset", lfd, why ? why : "?");
 	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
 	sys_setsockopt(nfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	fd_set_kind(nfd, FDK_NONE);
@@ -202,9 +228,18 @@ static int after_accept(int lfd, int nfd, int flags)
 		return nfd;
 	}
 	int refuse = 0;
-	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse) : NULL;
-	if (refuse) {
-		refuse_conn(lfd, nfd, refuse);
+	const char *why = NULL;
+	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse, &why) :
+			     NULL;
+	if (refuse < 0) {
+		refuse_conn(lfd, nfd, why);
+		return -1;
+	}
+	if (refuse > 0) {                     /* a listener's wake-up: not the app's */
+		sdp_log(2, "accept fd %d: a joining listener's wake-up connection, dropped",
+			lfd);
+		fd_set_kind(nfd, FDK_NONE);
+		real_close(nfd);
 		return -1;
 	}
 	/* Accepted sockets inherit the listener's options, not O_NONBLOCK. */
