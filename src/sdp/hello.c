@@ -285,7 +285,9 @@ static const char *tomb_text(int err)
 /* Take one message from a connected rendezvous socket s (nonblocking).
  * 0: nothing there yet; -1: dropped; 1: a hello appended to l->pend;
  * 2: recorded in the shared block instead (a hello that cannot be served,
- * or a join request's wake-up connection): *tl, *tp name its connection.
+ * or a join request's wake-up connection): *tl, *tp name its connection;
+ * 3: a sibling handed us a rendezvous connection that was still silent:
+ * *conn, first seen at *since.
  *
  * A client's hello is taken from the listener's uid only, and its pid is
  * the kernel's (SO_PEERCRED). A hello a sibling put back (it took it but
@@ -296,7 +298,8 @@ static const char *tomb_text(int err)
  * cannot be served (its memfd did not arrive: MSG_CTRUNC at our fd limit;
  * another version; malformed) still comes from a committed client: that
  * connection is recorded, and reset by whoever accepts it. */
-static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key *tp)
+static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key *tp,
+		      int *conn, uint64_t *since)
 {
 	struct sdp_hello_back b;
 	/* Room for several descriptors: every one received is closed unless
@@ -338,6 +341,16 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 		if (memfd >= 0)
 			sys_close(memfd);
 		sdp_log(2, "rendezvous: dropped a %s hello", named ? "foreign" : "malformed");
+		return -1;
+	}
+	if (back && (h.flags & SDP_HELLO_CONN)) {
+		if (nfds == 1 && n == (ssize_t)sizeof b && !(m.msg_flags & MSG_CTRUNC)) {
+			*conn = memfd;
+			*since = h.time_ns;
+			return 3;
+		}
+		if (memfd >= 0)
+			sys_close(memfd);
 		return -1;
 	}
 	if (!back && h.version == SDP_PROTO_VERSION && h.flags == SDP_HELLO_JOIN &&
@@ -414,40 +427,85 @@ static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 	       !memcmp(h->dst_addr, lk->addr, n) && !memcmp(h->src_addr, pk->addr, n);
 }
 
+#define SILENT_NS 1000000000ull       /* a silent rendezvous connection lives 1 s */
+
+static void silent_add(struct sdp_listener *l, int fd, uint64_t since)
+{
+	if (l->nsilent == SILENT_MAX) {
+		sys_close(l->silent[0].fd);
+		l->silent[0] = l->silent[--l->nsilent];
+	}
+	l->silent[l->nsilent].fd = fd;
+	l->silent[l->nsilent].since_ns = since;
+	l->nsilent++;
+}
+
+/* Hand a silent rendezvous connection to whichever process of the group
+ * reads the queue next: its hello, when it comes, may be for any of them. */
+static int silent_send(const struct sdp_listener *l, int fd, uint64_t since)
+{
+	struct sdp_hello_back b = {
+		.h = { .magic = SDP_HELLO_MAGIC, .version = SDP_PROTO_VERSION,
+		       .family = l->k.family, .pid = (int32_t)sdp_pid, .time_ns = since,
+		       .flags = SDP_HELLO_RETURNED | SDP_HELLO_CONN },
+		.secret = l->sh->secret,
+	};
+	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (s < 0)
+		return -errno;
+	int r = sys_connect(s, &l->name, l->namelen) < 0 ? -errno :
+		hello_put(s, &b, sizeof b, fd);
+	sys_close(s);
+	return r;
+}
+
 /* Take queued hellos into l->pend, up to the one of (lk, pk). Nothing
  * here blocks: a rendezvous connection that has not sent its hello yet is
  * kept aside (a real client sends before its TCP connect, so a connection
  * we are matching always has its hello queued already) and dropped after a
- * second, or when too many wait. Returns 0, or -errno if the queue could
- * not be read (no descriptor left for a rendezvous connection). */
+ * second, or when too many wait; shared, it goes back to the group when we
+ * are done (take_mine). Returns 0, or -errno if the queue could not be read
+ * (no descriptor left for a rendezvous connection). */
 static int drain_queue(struct sdp_listener *l, const struct key *lk,
 		       const struct key *pk)
 {
 	uint64_t now = sdp_now_ns();
 	struct key tl, tp;
+	int conn;
+	uint64_t since;
 	for (int i = l->nsilent - 1; i >= 0; i--) {
-		int r = take_hello(l, l->silent[i].fd, &tl, &tp);
-		if (r == 0 && now - l->silent[i].since_ns < 1000000000ull)
+		int r = take_hello(l, l->silent[i].fd, &tl, &tp, &conn, &since);
+		if (r == 0 && now - l->silent[i].since_ns < SILENT_NS)
 			continue;
+		if (r == 3)
+			sys_close(conn);
 		sys_close(l->silent[i].fd);
 		l->silent[i] = l->silent[--l->nsilent];
+		if ((r == 1 && hello_matches(&l->pend[l->npend - 1].h, lk, pk)) ||
+		    (r == 2 && key_eq(&tl, lk) && key_eq(&tp, pk)))
+			return 0;
 	}
 	for (;;) {
 		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (s < 0)
 			return errno == EAGAIN || errno == EINVAL ? 0 : -errno;
-		int r = take_hello(l, s, &tl, &tp);
+		int r = take_hello(l, s, &tl, &tp, &conn, &since);
 		if (r == 0) {
-			if (l->nsilent == SILENT_MAX) {
-				sys_close(l->silent[0].fd);
-				l->silent[0] = l->silent[--l->nsilent];
-			}
-			l->silent[l->nsilent].fd = s;
-			l->silent[l->nsilent].since_ns = now;
-			l->nsilent++;
+			silent_add(l, s, now);
 			continue;
 		}
 		sys_close(s);
+		if (r == 3) {                 /* handed over: look at it now */
+			int c = conn;
+			r = take_hello(l, c, &tl, &tp, &conn, &since);
+			if (r == 0 && now - since < SILENT_NS) {
+				silent_add(l, c, since);
+				continue;
+			}
+			if (r == 3)
+				sys_close(conn);
+			sys_close(c);
+		}
 		if ((r == 1 && hello_matches(&l->pend[l->npend - 1].h, lk, pk)) ||
 		    (r == 2 && key_eq(&tl, lk) && key_eq(&tp, pk)))
 			return 0;
@@ -539,6 +597,12 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 				drop_pending(l, i);
 	if (shared) {
 		/* Put back what others may need, then let them look. */
+		for (int i = l->nsilent - 1; i >= 0; i--) {
+			if (silent_send(l, l->silent[i].fd, l->silent[i].since_ns) < 0)
+				continue;     /* keep it: better than nothing */
+			sys_close(l->silent[i].fd);
+			l->silent[i] = l->silent[--l->nsilent];
+		}
 		for (int i = l->npend - 1; i >= 0; i--) {
 			if (hello_send(l, &l->pend[i].h, l->pend[i].memfd) < 0) {
 				struct key tl, tp;

@@ -102,6 +102,10 @@ _Static_assert(sizeof(struct sdp_hello) == 80, "hello is 80 bytes");
  * hello taken by one of them and put back into the queue for another. It
  * is followed by the listener's 8-byte secret (struct sdp_hello_back). */
 #define SDP_HELLO_RETURNED 0x80000000u
+/* With SDP_HELLO_RETURNED only: what comes back is a rendezvous connection
+ * whose hello had not arrived yet (the descriptor attached is that
+ * connection, time_ns when it was first seen); the 4-tuple is empty. */
+#define SDP_HELLO_CONN 0x20000000u
 
 struct sdp_hello_back {
 	struct sdp_hello h;     /* as the client sent it, h.pid as verified */
