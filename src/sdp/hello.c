@@ -382,8 +382,7 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 	if (err) {
 		if (memfd >= 0)
 			sys_close(memfd);
-		sdp_log(1, "rendezvous: a hello cannot be served (%s): its connection "
-			"will be reset", tomb_text(err));
+		sdp_log(1, "rendezvous: %s: its connection will be reset", tomb_text(err));
 		tomb_add(l->sh, TOMB_RESET, err, tl, tp);
 		return 2;
 	}

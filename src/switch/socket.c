@@ -16,6 +16,7 @@
 #include <stdarg.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "switch/switch.h"
@@ -261,16 +262,65 @@ static int after_accept(int lfd, int nfd, int flags)
 	return nfd;
 }
 
+/* Taking an SDP client's hello needs descriptors besides the connection's
+ * own: the rendezvous connection, the client's memfd, one to put a hello
+ * back. Without them the client could only be reset. So near the fd limit
+ * they are made sure of before the kernel's accept: lacking them, accept()
+ * fails with EMFILE and the connection stays queued, as with TCP when no
+ * descriptor is left (here: when fewer than ACCEPT_SPARE + 1 are). */
+#define ACCEPT_SPARE 3
+static _Atomic int accept_last = -1;           /* fd the last accept returned */
+static __thread int spare[ACCEPT_SPARE];
+static __thread int nspare;
+
+static void unreserve(void)
+{
+	while (nspare > 0)
+		sys_close(spare[--nspare]);
+}
+
+/* 0, or -EMFILE when the descriptors are not there. */
+static int reserve(int lfd)
+{
+	struct fdent *e = fd_get(lfd);
+	struct rlimit rl;
+	if (!e || atomic_load(&e->kind) != FDK_LISTEN || !e->l ||
+	    getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+	    (rlim_t)atomic_load(&accept_last) + 64 < rl.rlim_cur)
+		return 0;                     /* plenty of room (the usual case) */
+	while (nspare < ACCEPT_SPARE) {
+		int d = sys_fcntl(lfd, F_DUPFD_CLOEXEC, 0);
+		if (d < 0) {
+			int err = errno;
+			unreserve();
+			return err == EMFILE ? -EMFILE : 0;
+		}
+		spare[nspare++] = d;
+	}
+	return 0;
+}
+
 /* A refused connection is invisible to the application: accept the next
  * one (a nonblocking listener then says EAGAIN if there is none). */
 static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
 	socklen_t len0 = len ? *len : 0;
 	for (;;) {
+		int r = reserve(fd);
+		if (r < 0) {
+			sdp_log(2, "accept fd %d: EMFILE: too few descriptors left to "
+				"take an SDP client's hello", fd);
+			errno = -r;
+			return -1;
+		}
 		int n = real_accept4(fd, addr, len, flags);
-		if (n < 0)
-			return n;
 		int e = errno;
+		unreserve();
+		if (n < 0) {
+			errno = e;
+			return n;
+		}
+		atomic_store(&accept_last, n);
 		if (after_accept(fd, n, flags) >= 0) {
 			errno = e;
 			return n;

@@ -209,7 +209,7 @@ static int rv_connect(unsigned uid, uint16_t port)
 static void put(int s, const void *msg, size_t len, const int *fds, int nfd)
 {
 	struct iovec iov = { (void *)msg, len };
-	union { struct cmsghdr c; char buf[CMSG_SPACE(4 * sizeof(int))]; } u;
+	union { struct cmsghdr c; char buf[CMSG_SPACE(16 * sizeof(int))]; } u;
 	memset(&u, 0, sizeof u);
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
 	if (nfd) {
@@ -502,6 +502,20 @@ static void h_two_fds(struct hctx *x)
 	SYS(close(fds[0]));
 	SYS(close(p[0]));
 	SYS(close(p[1]));
+}
+
+static void h_many_fds(struct hctx *x)
+{
+	/* more descriptors than the listener takes: the kernel cuts them off
+	 * (MSG_CTRUNC), as it does when the listener is at its fd limit */
+	x->reset = true;
+	struct sdp_hello h = mk_hello(x->port, x->rport, 95);
+	int fds[12];
+	fds[0] = mk_region(95, R_GOOD);
+	for (int i = 1; i < 12; i++)
+		fds[i] = fds[0];
+	send_to_rv(geteuid(), x->port, &h, sizeof h, fds, 12);
+	SYS(close(fds[0]));
 }
 
 static void h_never(struct hctx *x)
@@ -994,6 +1008,7 @@ static const struct hcase cases[] = {
 	{ "memfd-bad-head",  h_region_magic,  NULL },
 	{ "token-mismatch",  h_token,         NULL },
 	{ "two-fds",         h_two_fds,       NULL },
+	{ "many-fds",        h_many_fds,      NULL },
 	{ "never-connects",  h_never,         NULL },
 	{ "flood",           h_flood,         NULL },
 	{ "pooled-past-end", h_pooled_past_end, NULL },
