@@ -385,8 +385,22 @@ static int join_start(struct sdp_listener *l, bool wait)
 	return 0;
 }
 
-/* Our pending join request's answer, if it came. */
+static bool join_poll_locked(struct sdp_listener *l);
+
+/* Our pending join request's answer, if it came. Threads of this process
+ * may ask at once (accept in several threads): one looks at a time. */
 bool group_join_poll(struct sdp_listener *l)
+{
+	if (__atomic_load_n(&l->rv, __ATOMIC_ACQUIRE) >= 0)
+		return true;
+	reg_enter();
+	bool r = join_poll_locked(l);
+	pthread_mutex_unlock(&reg_lock);
+	return r;
+}
+
+/* Called with reg_lock held. */
+static bool join_poll_locked(struct sdp_listener *l)
 {
 	if (l->rv >= 0)
 		return true;
@@ -455,7 +469,6 @@ bool group_join_poll(struct sdp_listener *l)
 		sdp_log(1, "joining the SO_REUSEPORT group: %s; asking again later", bad);
 		return false;
 	}
-	l->rv = fds[0];
 	l->sh = p;
 	l->shfd = fds[1];
 	int hi = sys_fcntl(l->shfd, F_DUPFD_CLOEXEC, GROUP_FD_MIN);
@@ -464,7 +477,8 @@ bool group_join_poll(struct sdp_listener *l)
 		l->shfd = hi;
 	}
 	if (l->want_withdraw)
-		sys_shutdown(l->rv, SHUT_RDWR);
+		sys_shutdown(fds[0], SHUT_RDWR);
+	__atomic_store_n(&l->rv, fds[0], __ATOMIC_RELEASE);   /* last: joined */
 	sdp_log(1, "joined the SO_REUSEPORT group's rendezvous (%u processes)",
 		atomic_load(&l->sh->nproc));
 	return true;
@@ -593,7 +607,7 @@ static int group_start(struct sdp_listener *l)
 	if (e != EADDRINUSE)
 		return -e;
 	int r = join_start(l, true);
-	if (r == 0 && !group_join_poll(l))
+	if (r == 0 && !join_poll_locked(l))
 		sdp_log(1, "no member of the SO_REUSEPORT group answered within %d ms: "
 			"local connections are reset until one does", JOIN_WAIT_MS);
 	return r;
@@ -670,7 +684,7 @@ int group_open(int fd, const struct key *k, bool offer, struct sdp_listener **ou
 				listener_free(w);
 				continue;             /* no such group: nothing to see */
 			}
-			if (!group_join_poll(w))
+			if (!join_poll_locked(w))
 				sdp_log(1, "listen fd %d: the group of a less specific address "
 					"on its port did not answer yet", fd);
 			w->reg_next = reg;
