@@ -156,7 +156,8 @@ void tomb_add(struct lshared *sh, uint32_t kind, int err, const struct key *l,
 			slot = t;             /* the same connection again */
 			break;
 		}
-		if (!slot && (t->kind == TOMB_FREE || now - t->t_ns > TOMB_TTL_NS))
+		if (!slot && (t->kind == TOMB_FREE ||
+			      (now > t->t_ns && now - t->t_ns > TOMB_TTL_NS)))
 			slot = t;
 		else if (!old || t->t_ns < old->t_ns)
 			old = t;
@@ -180,7 +181,7 @@ uint32_t tomb_take(struct lshared *sh, const struct key *l, const struct key *p,
 	uint64_t now = sdp_now_ns();
 	for (int i = 0; i < TOMB_MAX; i++) {
 		struct tomb *t = &sh->tomb[i];
-		if (t->kind == TOMB_FREE || now - t->t_ns > TOMB_TTL_NS ||
+		if (t->kind == TOMB_FREE || (now > t->t_ns && now - t->t_ns > TOMB_TTL_NS) ||
 		    !keq(&t->l, l) || !keq(&t->p, p))
 			continue;
 		uint32_t kind = t->kind;

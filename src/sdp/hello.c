@@ -389,19 +389,23 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 	if (!back)
 		h.pid = cr.pid;
 	h.flags &= ~SDP_HELLO_RETURNED;
+	uint64_t now = sdp_now_ns();
 	l->pend[l->npend].h = h;
 	l->pend[l->npend].memfd = memfd;
-	l->pend[l->npend].rx_ns = sdp_now_ns();
+	l->pend[l->npend].rx_ns = back && h.time_ns <= now ? h.time_ns : now;
 	l->npend++;
 	return 1;
 }
 
-/* Put a hello back into our own rendezvous queue (a sibling may need it). */
+/* Put a hello back into our own rendezvous queue (a sibling may need it).
+ * Its time_ns becomes when it was first taken, so that it ages across
+ * the processes that pass it on. */
 static int hello_send(const struct sdp_listener *l, const struct sdp_hello *h,
-		      int memfd)
+		      int memfd, uint64_t rx_ns)
 {
 	struct sdp_hello_back b = { .h = *h, .secret = l->sh->secret };
 	b.h.flags |= SDP_HELLO_RETURNED;
+	b.h.time_ns = rx_ns;
 	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
@@ -424,6 +428,43 @@ static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 	return h->family == lk->family && pk->family == lk->family &&
 	       h->src_port == pk->port && h->dst_port == lk->port &&
 	       !memcmp(h->dst_addr, lk->addr, n) && !memcmp(h->src_addr, pk->addr, n);
+}
+
+static void drop_pending(struct sdp_listener *l, int i)
+{
+	sys_close(l->pend[i].memfd);
+	l->pend[i] = l->pend[--l->npend];
+}
+
+/* Very old, or its client is gone (looked up for those older than 1 s). */
+static bool pending_stale(const struct pending *p, uint64_t now)
+{
+	uint64_t age = now > p->rx_ns ? now - p->rx_ns : 0;   /* now may be older */
+	if (age > HELLO_STALE_NS)
+		return true;
+	return age > 1000000000ull && kill(p->h.pid, 0) < 0 && errno == ESRCH;
+}
+
+/* Shared: pend[i] is for a connection another process will accept: back
+ * into the queue with it (unless stale); if it cannot go back, its
+ * connection is recorded for a reset. 1 if it went back. */
+static int give_back(struct sdp_listener *l, int i, uint64_t now)
+{
+	struct pending *p = &l->pend[i];
+	int r = 0;
+	if (!pending_stale(p, now)) {
+		if (hello_send(l, &p->h, p->memfd, p->rx_ns) == 0) {
+			r = 1;
+		} else {
+			struct key tl, tp;
+			hello_keys(&p->h, &tl, &tp);
+			tomb_add(l->sh, TOMB_RESET, EXDEV, &tl, &tp);
+			sdp_log(1, "rendezvous: a hello could not be put back (%s): "
+				"its connection will be reset", strerror(errno));
+		}
+	}
+	drop_pending(l, i);
+	return r;
 }
 
 #define SILENT_NS 1000000000ull       /* a silent rendezvous connection lives 1 s */
@@ -458,6 +499,30 @@ static int silent_send(const struct sdp_listener *l, int fd, uint64_t since)
 	return r;
 }
 
+/* After take_hello: stop draining? (the message named our connection, or,
+ * shared, we met again the first hello we gave back: the whole queue has
+ * been seen). Shared, a hello for another connection goes back at once -
+ * kept until the end it would hold a descriptor per queued hello. */
+static bool drain_stop(struct sdp_listener *l, int r, const struct key *tl,
+		       const struct key *tp, const struct key *lk, const struct key *pk,
+		       bool shared, uint64_t *mark, uint64_t now)
+{
+	if (r == 2)
+		return key_eq(tl, lk) && key_eq(tp, pk);
+	if (r != 1)
+		return false;
+	const struct sdp_hello *h = &l->pend[l->npend - 1].h;
+	if (hello_matches(h, lk, pk))
+		return true;
+	if (!shared)
+		return false;
+	uint64_t tok = h->token | 1;
+	bool wrapped = *mark == tok;
+	if (give_back(l, l->npend - 1, now) && !*mark)
+		*mark = tok;
+	return wrapped;
+}
+
 /* Take queued hellos into l->pend, up to the one of (lk, pk). Nothing
  * here blocks: a rendezvous connection that has not sent its hello yet is
  * kept aside (a real client sends before its TCP connect, so a connection
@@ -466,22 +531,22 @@ static int silent_send(const struct sdp_listener *l, int fd, uint64_t since)
  * are done (take_mine). Returns 0, or -errno if the queue could not be read
  * (no descriptor left for a rendezvous connection). */
 static int drain_queue(struct sdp_listener *l, const struct key *lk,
-		       const struct key *pk)
+		       const struct key *pk, bool shared)
 {
-	uint64_t now = sdp_now_ns();
+	uint64_t now = sdp_now_ns(), mark = 0;
 	struct key tl, tp;
 	int conn;
 	uint64_t since;
 	for (int i = l->nsilent - 1; i >= 0; i--) {
 		int r = take_hello(l, l->silent[i].fd, &tl, &tp, &conn, &since);
-		if (r == 0 && now - l->silent[i].since_ns < SILENT_NS)
+		if (r == 0 && (now < l->silent[i].since_ns ||
+			       now - l->silent[i].since_ns < SILENT_NS))
 			continue;
 		if (r == 3)
 			sys_close(conn);
 		sys_close(l->silent[i].fd);
 		l->silent[i] = l->silent[--l->nsilent];
-		if ((r == 1 && hello_matches(&l->pend[l->npend - 1].h, lk, pk)) ||
-		    (r == 2 && key_eq(&tl, lk) && key_eq(&tp, pk)))
+		if (drain_stop(l, r, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
 	}
 	for (;;) {
@@ -497,7 +562,7 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 		if (r == 3) {                 /* handed over: look at it now */
 			int c = conn;
 			r = take_hello(l, c, &tl, &tp, &conn, &since);
-			if (r == 0 && now - since < SILENT_NS) {
+			if (r == 0 && (now < since || now - since < SILENT_NS)) {
 				silent_add(l, c, since);
 				continue;
 			}
@@ -505,24 +570,11 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 				sys_close(conn);
 			sys_close(c);
 		}
-		if ((r == 1 && hello_matches(&l->pend[l->npend - 1].h, lk, pk)) ||
-		    (r == 2 && key_eq(&tl, lk) && key_eq(&tp, pk)))
+		if (drain_stop(l, r, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
 	}
 }
 
-static void drop_pending(struct sdp_listener *l, int i)
-{
-	sys_close(l->pend[i].memfd);
-	l->pend[i] = l->pend[--l->npend];
-}
-
-static bool pending_stale(const struct pending *p, uint64_t now)
-{
-	if (now - p->rx_ns > HELLO_STALE_NS)
-		return true;
-	return kill(p->h.pid, 0) < 0 && errno == ESRCH;
-}
 
 /* What one rendezvous knows about connection (lk, pk). */
 enum look { LOOK_NONE = 0, LOOK_HELLO, LOOK_WAKE, LOOK_RESET };
@@ -555,7 +607,7 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 		return LOOK_RESET;
 	}
 	bool shared = atomic_load(&l->sh->nproc) > 1;
-	int unreadable = drain_queue(l, lk, pk);
+	int unreadable = drain_queue(l, lk, pk, shared);
 	int best = -1;
 	uint64_t now = sdp_now_ns();
 	enum look res = LOOK_NONE;
@@ -602,16 +654,8 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 			sys_close(l->silent[i].fd);
 			l->silent[i] = l->silent[--l->nsilent];
 		}
-		for (int i = l->npend - 1; i >= 0; i--) {
-			if (hello_send(l, &l->pend[i].h, l->pend[i].memfd) < 0) {
-				struct key tl, tp;
-				hello_keys(&l->pend[i].h, &tl, &tp);
-				tomb_add(l->sh, TOMB_RESET, EXDEV, &tl, &tp);
-				sdp_log(1, "rendezvous: a hello could not be put back (%s): "
-					"its connection will be reset", strerror(errno));
-			}
-			drop_pending(l, i);
-		}
+		for (int i = l->npend - 1; i >= 0; i--)
+			give_back(l, i, now);
 	}
 	sdp_unlock(&l->sh->lock);
 	return res;
