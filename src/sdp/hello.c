@@ -469,10 +469,28 @@ static int give_back(struct sdp_listener *l, int i, uint64_t now)
 
 #define SILENT_NS 1000000000ull       /* a silent rendezvous connection lives 1 s */
 
+/* Stop waiting for a silent rendezvous connection's hello. Shut down
+ * first: a client whose hello comes later fails to send it and uses TCP;
+ * one that came meanwhile is taken (else its committed client would be
+ * lost). Returns what take_hello says of it. */
+static int silent_give_up(struct sdp_listener *l, int fd, struct key *tl,
+			  struct key *tp)
+{
+	int conn;
+	uint64_t since;
+	sys_shutdown(fd, SHUT_RDWR);
+	int r = take_hello(l, fd, tl, tp, &conn, &since);
+	if (r == 3)
+		sys_close(conn);
+	sys_close(fd);
+	return r;
+}
+
 static void silent_add(struct sdp_listener *l, int fd, uint64_t since)
 {
 	if (l->nsilent == SILENT_MAX) {
-		sys_close(l->silent[0].fd);
+		struct key tl, tp;
+		silent_give_up(l, l->silent[0].fd, &tl, &tp);
 		l->silent[0] = l->silent[--l->nsilent];
 	}
 	l->silent[l->nsilent].fd = fd;
@@ -544,7 +562,10 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 			continue;
 		if (r == 3)
 			sys_close(conn);
-		sys_close(l->silent[i].fd);
+		if (r == 0)
+			r = silent_give_up(l, l->silent[i].fd, &tl, &tp);
+		else
+			sys_close(l->silent[i].fd);
 		l->silent[i] = l->silent[--l->nsilent];
 		if (drain_stop(l, r, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
@@ -568,7 +589,10 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 			}
 			if (r == 3)
 				sys_close(conn);
-			sys_close(c);
+			if (r == 0)
+				r = silent_give_up(l, c, &tl, &tp);
+			else
+				sys_close(c);
 		}
 		if (drain_stop(l, r, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
