@@ -25,8 +25,40 @@
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 struct fab_ep;
+
+/*
+ * The clock every process of the host shares, for ordering only: when
+ * did a connection's receive queue become non-empty, compared across
+ * connections of different peers (epoll reports ready members in that
+ * order, as the kernel's ready list does). On x86 the TSC: about 10 ns,
+ * where clock_gettime costs 30 and a fenced TSC read 25-30; synchronised
+ * across CPUs wherever the kernel uses it as its clocksource (where it
+ * does not, only the order of readiness reports suffers). Not fenced: a
+ * read may execute a few hundred cycles early, far less than the code
+ * between two sends. FAB_CLOCK_SLACK: a margin in its units (a few
+ * microseconds) for such reads and for skew between CPUs.
+ */
+static inline uint64_t fab_clock(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	return __rdtsc();
+#else
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define FAB_CLOCK_SLACK 8192u             /* TSC ticks: 2-4 us */
+#else
+#define FAB_CLOCK_SLACK 2000u             /* ns */
+#endif
 
 /* What a sleeping side waits for (arm/kick). */
 enum fab_wait {
@@ -50,6 +82,24 @@ struct fab_ops {
 	uint32_t (*rx_pending)(struct fab_ep *ep);     /* messages waiting */
 	uint64_t (*tx_seq)(struct fab_ep *ep);         /* messages posted so far */
 	uint64_t (*rx_seq)(struct fab_ep *ep);         /* messages consumed so far */
+	/* When our receive queue last went from empty to non-empty
+	 * (fab_clock; stamped by the sender as it posts into an empty queue):
+	 * with messages pending, since when we have been readable; 0 when
+	 * the stamped message was consumed already (not known). */
+	uint64_t (*rx_since)(struct fab_ep *ep);
+
+	/* Byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c), words each side
+	 * publishes for the other (RDMA writes on a network fabric):
+	 * rx_bytes - the stream bytes our application consumed (with every
+	 * release, and after partial reads while the peer's sends are
+	 * byte-limited); rcvbuf - our SO_RCVBUF as getsockopt reports it,
+	 * 0 = not set; tx_limited - our sends are byte-limited. */
+	void     (*set_rx_bytes)(struct fab_ep *ep, uint64_t bytes);
+	uint64_t (*peer_rx_bytes)(struct fab_ep *ep);
+	void     (*set_rcvbuf)(struct fab_ep *ep, uint32_t bytes);
+	uint32_t (*peer_rcvbuf)(struct fab_ep *ep);
+	void     (*set_tx_limited)(struct fab_ep *ep, bool on);
+	bool     (*peer_tx_limited)(struct fab_ep *ep);
 
 	/* RDMA by address + key (the key names the peer's memory): len bytes
 	 * at raddr, to or from our scattered buffer local[0..nlocal). Return
@@ -148,10 +198,17 @@ struct sdp_zctl;
 struct sdp_zctl *shm_zc_me(struct fab_ep *ep);
 struct sdp_zctl *shm_zc_peer(struct fab_ep *ep);
 
-/* Fallback to TCP (sdp/fallback.c). */
-int  shm_peer_fb(struct fab_ep *ep);
+/* Fallback to TCP (sdp/fallback.c): the `fb` mark of a control block. */
+enum shm_fb {
+	SHM_FB_NONE    = 0,      /* on SDP */
+	SHM_FB_LEAVING = 1,      /* stage 1: posts and consumes nothing more;
+				  * the peer must follow */
+	SHM_FB_FINAL   = 2,      /* stage 2: tokens_sent final, fb_rx_* valid */
+};
+int  shm_peer_fb(struct fab_ep *ep);         /* enum shm_fb */
 int  shm_my_fb(struct fab_ep *ep);
-void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);
+void shm_fb_leave(struct fab_ep *ep);        /* stage 1 */
+void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);   /* stage 2 */
 void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
 uint64_t shm_tokens_due(struct fab_ep *ep);
 void shm_tokens_took(struct fab_ep *ep, uint64_t n);

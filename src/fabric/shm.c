@@ -114,7 +114,7 @@ bool shm_peer_sane(struct fab_ep *ep)
 	uint64_t fin_seq = atomic_load(&p->fin_seq);
 	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
 		return insane("FIN after messages that do not exist");
-	if (atomic_load(&p->fb) > 1)
+	if (atomic_load(&p->fb) > SHM_FB_FINAL)
 		return insane("bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
 	uint64_t tr = atomic_load(&m->tokens_rcvd);
@@ -135,16 +135,27 @@ int shm_peer_caught_up(struct fab_ep *ep)
 	return atomic_load(&peer(ep)->cons) >= atomic_load(&me(ep)->prod);
 }
 
-int shm_peer_fb(struct fab_ep *ep) { return atomic_load(&peer(ep)->fb) != 0; }
-int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }
+int shm_peer_fb(struct fab_ep *ep) { return (int)atomic_load(&peer(ep)->fb); }
+int shm_my_fb(struct fab_ep *ep) { return (int)atomic_load(&me(ep)->fb); }
 
+/* Stage 1: we are leaving. A seq_cst store, so the fence of the kick that
+ * follows orders it before our look at the peer's arm bits (the Dekker
+ * pair of PROTOCOL.md section 9, with "we are leaving" as the progress). */
+void shm_fb_leave(struct fab_ep *ep)
+{
+	struct shm_side *m = me(ep);
+	if (atomic_load(&m->fb) == SHM_FB_NONE)
+		atomic_store(&m->fb, SHM_FB_LEAVING);
+}
+
+/* Stage 2: our token count is final and our position is published. */
 void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 {
 	struct shm_side *m = me(ep);
 	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
 	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
 	m->fb_rx_off = rx_off;
-	atomic_store(&m->fb, 1);
+	atomic_store(&m->fb, SHM_FB_FINAL);
 }
 
 void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
@@ -190,13 +201,66 @@ static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
 	return ring(ep, ep->side) + (p % ep->nslots) * ep->slot_size;
 }
 
+/* Publishing into an empty ring also stamps the time and the message
+ * (post_ns, post_seq, before the release of prod): the receiver orders
+ * its ready connections by it. Streaming into a ring the peer has not
+ * emptied costs one load. */
 static int shm_post(struct fab_ep *ep, size_t len)
 {
 	(void)len;
 	struct shm_side *m = me(ep);
 	uint64_t p = atomic_load_explicit(&m->prod, memory_order_relaxed);
+	if (atomic_load_explicit(&peer(ep)->cons, memory_order_acquire) == p) {
+		atomic_store_explicit(&m->post_ns, fab_clock(), memory_order_relaxed);
+		atomic_store_explicit(&m->post_seq, p, memory_order_relaxed);
+	}
 	atomic_store_explicit(&m->prod, p + 1, memory_order_release);
 	return 0;
+}
+
+/* The stamp holds while the stamped message is the oldest one pending.
+ * Once it is consumed, the messages behind it were posted into a queue
+ * that was not empty (or the peer emptied it between the sender's look
+ * and its post): since when we are readable is not known here (0). */
+static uint64_t shm_rx_since(struct fab_ep *ep)
+{
+	struct shm_side *p = peer(ep);
+	uint64_t seq = atomic_load_explicit(&p->post_seq, memory_order_acquire);
+	uint64_t t = atomic_load_explicit(&p->post_ns, memory_order_relaxed);
+	return seq == atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) ? t : 0;
+}
+
+/* ---- byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c) ----------------------- */
+
+static void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
+{
+	atomic_store_explicit(&me(ep)->rx_bytes, bytes, memory_order_release);
+}
+
+static uint64_t shm_peer_rx_bytes(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->rx_bytes, memory_order_acquire);
+}
+
+static void shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes)
+{
+	atomic_store(&me(ep)->rcvbuf, bytes);
+}
+
+static uint32_t shm_peer_rcvbuf(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->rcvbuf, memory_order_relaxed);
+}
+
+static void shm_set_tx_limited(struct fab_ep *ep, bool on)
+{
+	if (atomic_load_explicit(&me(ep)->tx_limited, memory_order_relaxed) != on)
+		atomic_store(&me(ep)->tx_limited, on);
+}
+
+static bool shm_peer_tx_limited(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->tx_limited, memory_order_relaxed) != 0;
 }
 
 static uint32_t shm_rx_pending(struct fab_ep *ep)
@@ -353,6 +417,13 @@ const struct fab_ops fab_shm_ops = {
 	.rx_pending = shm_rx_pending,
 	.tx_seq     = shm_tx_seq,
 	.rx_seq     = shm_rx_seq,
+	.rx_since   = shm_rx_since,
+	.set_rx_bytes    = shm_set_rx_bytes,
+	.peer_rx_bytes   = shm_peer_rx_bytes,
+	.set_rcvbuf      = shm_set_rcvbuf,
+	.peer_rcvbuf     = shm_peer_rcvbuf,
+	.set_tx_limited  = shm_set_tx_limited,
+	.peer_tx_limited = shm_peer_tx_limited,
 	.rdma_read  = shm_rdma_read,
 	.rdma_write = shm_rdma_write,
 	.arm        = shm_arm,

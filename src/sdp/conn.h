@@ -77,6 +77,10 @@ struct sdp_conn {
 	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
 	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
 	_Atomic uint32_t rcvlowat;     /* SO_RCVLOWAT (TCP: sk_rcvlowat), >= 1 */
+	_Atomic uint32_t sndbuf;       /* SO_SNDBUF in bytes as getsockopt reports it,
+					* if the application set it; 0 = not set
+					* (TCP: sk_sndbuf with SOCK_SNDBUF_LOCK).
+					* Our SO_RCVBUF is in our control block */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
 
@@ -117,7 +121,9 @@ void sdp_conn_free(struct sdp_conn *c);
 void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
 void sdp_proc_region(int accepting, bool reused);
 void sdp_proc_bytes(uint64_t tx, uint64_t rx);
-void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
+void sdp_proc_note_socket(void);                 /* a TCP listener or connection */
+void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit, if
+						     the process had sockets */
 int  sdp_lock(pthread_mutex_t *m);
 void sdp_unlock(pthread_mutex_t *m);
 
@@ -137,8 +143,19 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags);
 int     sdp_fionread(struct sdp_conn *c);
+/* The send window in bytes (tx.c). Without SO_SNDBUF or the peer's
+ * SO_RCVBUF set, the ring's credits are the only limit: SIZE_MAX. */
+size_t  sdp_tx_room(struct sdp_conn *c);
+bool    sdp_tx_open(struct sdp_conn *c);       /* a send can post now */
+bool    sdp_tx_writable(struct sdp_conn *c);   /* POLLOUT (TCP: sk_stream_is_writeable) */
+/* The application set SO_SNDBUF (snd) or SO_RCVBUF on fd (before the
+ * connection, on its listener, or now): take the kernel's value. */
+void    sdp_bufsize_set(struct sdp_conn *c, int fd, bool snd);
 /* Readiness as poll(2) bits, from shared state only (no syscalls). */
 unsigned sdp_events(struct sdp_conn *c);
+/* With messages pending: since when (fab_clock) - when the sender posted
+ * into our empty queue. 0 if nothing is pending. */
+uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
 void    sdp_arm(struct sdp_conn *c, unsigned events);
@@ -193,12 +210,13 @@ void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
-/* rx.c: the iovec elements covering stream bytes [off, off+len) of iov. */
-int     iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
-		  struct iovec *out, int max);
 const char *zc_mode_name(int mode);
-uint32_t sdp_zcopy_auto(void);                /* calib.c */
-uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` */
+uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` (calib.c) */
+/* zcopy.c: RDMA Read (write = false) or Write of n bytes at raddr to or
+ * from local[0..nlocal), through a bounce buffer where this host's Cross
+ * Memory Attach is slow between page-aliased buffers (calib.c). */
+ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int nlocal,
+		uint64_t raddr, size_t n, uint64_t key);
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
@@ -247,6 +265,9 @@ struct sdp_tunables {
 	uint32_t zcopy_depth;          /* SrcAvails outstanding (1 = Combined) */
 	uint32_t zcopy_tail;           /* bytes of a large send sent by BCopy */
 	uint32_t zcopy_auto;           /* 1: zcopy_thresh still to be measured */
+	uint32_t copy_auto;            /* 1: the copy routine still to be chosen */
+	uint32_t calib_pending;        /* zcopy_auto || copy_auto, until resolved */
+	uint32_t cma_alias;            /* 1: bounce CMA between page-aliased buffers */
 	uint32_t nslots;
 	uint32_t slot_size;
 };

@@ -5,9 +5,11 @@
  * the switch (exec) or handed to another process (SCM_RIGHTS). Either side
  * may start; the other side follows when it next enters the library (the
  * starter kicks it). Each side, when it leaves:
- *   1. stops posting and consuming, and publishes (in its control block)
- *      how far it consumed the peer's ring and that its count of wake-up
- *      tokens written to the TCP socket is final;
+ *   1. marks itself leaving (it posts and consumes nothing more), kicks
+ *      the peer, then publishes (in its control block) how far it consumed
+ *      the peer's ring and that its count of wake-up tokens written to the
+ *      TCP socket is final - in that order, so that no peer can go to
+ *      sleep without either seeing the mark or getting the kick;
  *   2. waits until the peer has done the same;
  *   3. re-sends on the TCP socket, in order, the payload of every message
  *      of its own that the peer had not consumed (DisConn becomes a TCP
@@ -19,6 +21,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
+#include <time.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -125,22 +129,89 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 	return 0;
 }
 
+/*
+ * Step 1, with both locks held: leave in two stages around the kick.
+ * The peer may be asleep or about to sleep: it arms, looks at our mark,
+ * and sleeps if it sees nothing. So the mark it looks at ("leaving") must
+ * be visible before the kick, as any progress is before its kick (the
+ * Dekker pair of PROTOCOL.md section 9); kicking first let a peer that
+ * armed in between wake, look, see nothing and sleep for ever, since no
+ * token is sent once our count is final. The count the peer discards must
+ * include that kick's token, so it is frozen only after the kick (stage
+ * 2), and the peer waits for stage 2 before it reads it. Idempotent.
+ */
+static void leave(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	if (shm_my_fb(ep) == SHM_FB_FINAL)
+		return;
+	shm_fb_leave(ep);
+	ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
+	shm_fb_publish(ep, c->rx_off);
+}
+
 /* Step 1 alone: freeze our side and wake the peer. Idempotent. */
 void sdp_fallback_publish(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
-	if (atomic_load(&c->fb_done) || shm_my_fb(ep))
+	if (atomic_load(&c->fb_done) || shm_my_fb(ep) == SHM_FB_FINAL)
 		return;
 	if (sdp_lock(&c->tx_lock))
 		return;
 	if (sdp_lock(&c->rx_lock) == 0) {
-		if (!shm_my_fb(ep)) {
-			ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
-			shm_fb_publish(ep, c->rx_off);
-		}
+		leave(c, fd);
 		sdp_unlock(&c->rx_lock);
 	}
 	sdp_unlock(&c->tx_lock);
+}
+
+/*
+ * Step 2: wait until the peer's mark is final. We arm before each look, so
+ * the kick the peer gives after its stage 1 wakes us (the peer has not
+ * seen our mark yet while it is on SDP; once it follows, its kick is
+ * counted before its count is frozen). Between the peer's two stages
+ * there are only a few stores: yield for them, then nap in short slices,
+ * so a peer stopped there costs no CPU. Tokens are taken only as the
+ * connection's watcher (another thread's sleep may be taking them).
+ */
+static int wait_peer_final(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
+	unsigned yields = 0;
+	for (;;) {
+		if (atomic_load(&c->peer_gone) || shm_peer_abort(ep) ||
+		    atomic_load(&c->state) == SDP_ST_RESET)
+			return -ECONNRESET;   /* nothing to hand over: TCP says the rest */
+		ep->ops->arm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT);
+		bool watching = sdp_watch(c);
+		int pfb = shm_peer_fb(ep);
+		if (pfb == SHM_FB_FINAL) {
+			if (watching)
+				sdp_unwatch(c);
+			return 0;
+		}
+		int ms = 100;
+		if (pfb == SHM_FB_LEAVING) {
+			if (yields++ < 64) {
+				if (watching)
+					sdp_unwatch(c);
+				sched_yield();
+				continue;
+			}
+			ms = 1;
+		}
+		if (watching) {
+			struct pollfd p = { .fd = fd, .events = POLLIN };
+			if (sys_poll(&p, 1, ms) > 0)
+				sdp_on_wakeup(c, fd);
+			sdp_unwatch(c);
+		} else {
+			/* Someone else sleeps on the socket and takes the
+			 * tokens; it bumps wake_gen, but a nap is enough. */
+			struct timespec nap = { 0, 1000000 };
+			nanosleep(&nap, NULL);
+		}
+	}
 }
 
 /* Are a and b the two ends of one connection (both in this process)? */
@@ -168,26 +239,10 @@ int sdp_fallback(struct sdp_conn *c, int fd)
 		r = -EPROTO;
 		goto done;
 	}
-	if (!shm_my_fb(ep)) {
-		/* Wake the peer so it follows, then freeze our side. */
-		ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT);
-		shm_fb_publish(ep, c->rx_off);
-	}
-	while (!shm_peer_fb(ep)) {
-		if (atomic_load(&c->peer_gone) || shm_peer_abort(ep) ||
-		    atomic_load(&c->state) == SDP_ST_RESET) {
-			r = -ECONNRESET;      /* nothing to hand over: TCP says the rest */
-			goto done;
-		}
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		if (sys_poll(&p, 1, 100) > 0) {
-			int d = ep->ops->drain(ep, fd);
-			if (d == 1)
-				atomic_store(&c->peer_gone, 1);
-			else if (d < 0)
-				atomic_store(&c->peer_gone, 2);
-		}
-	}
+	leave(c, fd);
+	r = wait_peer_final(c, fd);
+	if (r)
+		goto done;
 	r = resend_unconsumed(c, fd);
 	if (!r)
 		r = discard_tokens(ep, fd);

@@ -11,10 +11,11 @@
  * rendezvous of the destination (exact address, then the wildcard of its
  * family, then the IPv6 wildcard). If there is none, the connection is plain
  * TCP and no SDP byte is ever sent. If there is one, and the listener was
- * created by a process of our uid (SO_PEERCRED), the client picks its local
- * port (bind), creates the connection memory (a sealed memfd), and sends a
+ * created by a process of our uid (SO_PEERCRED), the client has the kernel
+ * choose its local address and port without sending the SYN (a deferred
+ * connect), creates the connection memory (a sealed memfd), and sends a
  * hello naming the TCP 4-tuple with the memfd attached (SCM_RIGHTS). Only
- * then does it connect. The connection is SDP from the client's side.
+ * then does the SYN go out. The connection is SDP from the client's side.
  *
  * Server: after accept() returns a TCP socket, the switch looks for the hello
  * of that 4-tuple in the rendezvous queue. Because the hello was queued
@@ -162,7 +163,9 @@ int sdp_listener_open(int fd, bool offer, struct sdp_listener **out)
 	if (l->rv < 0)
 		goto fail;
 	if (sys_bind(l->rv, &l->name, l->namelen) < 0 || sys_listen(l->rv, 4096) < 0) {
-		sdp_log(2, "rendezvous for fd %d not published: %s", fd, strerror(errno));
+		sdp_why("rendezvous not published: %s", errno == EADDRINUSE ?
+			"its name is taken (another listener of this user on the "
+			"same address, or a squatter)" : strerror(errno));
 		goto fail;
 	}
 	int e = lshared_init(l, false);
@@ -718,10 +721,14 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	struct key lk, pk;
 	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
 	    sys_getpeername(newfd, &pa, &pl) < 0 ||
-	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0)
+	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0) {
+		sdp_why("cannot name the connection's addresses");
 		return NULL;
-	if (!is_local(&pk))
+	}
+	if (!is_local(&pk)) {
+		sdp_why("the client is not on this host");
 		return NULL;              /* a remote client cannot have said hello */
+	}
 	bool pending_join = (l->group || l->nwider) && unjoined(l);
 
 	/* A hello left over from an earlier connection of the same 4-tuple
@@ -753,6 +760,9 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 				*refuse = -EAGAIN;
 				*why = "this listener has not joined its SO_REUSEPORT "
 				       "group's rendezvous yet";
+			} else {
+				sdp_why("the client sent no hello: not an SDP client (not "
+					"preloaded, a static program, or its policy says tcp)");
 			}
 			return NULL;
 		}
@@ -811,8 +821,10 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 {
 	memset(cs, 0, sizeof *cs);
 	struct key dk;
-	if (key_of(dst, len, &dk) < 0 || !is_local(&dk))
+	if (key_of(dst, len, &dk) < 0 || !is_local(&dk)) {
+		sdp_why("the destination is not an address of this host");
 		return NULL;
+	}
 	uid_t uid = geteuid();
 
 	/* Which rendezvous serves dst? exact, family wildcard, v6 wildcard. */
@@ -834,8 +846,10 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		first = 0;
 	struct sockaddr_un name;
 	int rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (rv < 0)
+	if (rv < 0) {
+		sdp_why("no socket for the rendezvous: %s", strerror(errno));
 		return NULL;
+	}
 	int found = -1, busy = 0;
 	for (int k = 0; k < nc && found < 0; k++) {
 		int i = (first + k) % nc;
@@ -848,14 +862,18 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	}
 	if (found < 0) {
 		if (busy)
-			sdp_log(2, "connect fd %d: TCP (the listener's rendezvous queue is full)", fd);
+			sdp_why("the listener's rendezvous queue is full");
+		else
+			sdp_why("no SDP listener at the destination: no rendezvous "
+				"(its server is not preloaded, its policy says tcp, "
+				"or it set SO_REUSEPORT)");
 		sys_close(rv);
 		return NULL;
 	}
 	struct ucred cr;
 	socklen_t cl = sizeof cr;
 	if (sys_getsockopt(rv, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || cr.uid != uid) {
-		sdp_log(2, "connect fd %d: TCP (the listener belongs to another user)", fd);
+		sdp_why("the listener belongs to another user");
 		sys_close(rv);                /* squatted by another user: TCP */
 		return NULL;
 	}
@@ -871,7 +889,12 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	 * and port exactly as any connect would, without sending the SYN;
 	 * the caller releases it once the hello is queued. If the kernel did
 	 * not defer (the SYN is out), no hello is sent: plain TCP. A socket
-	 * the application bound to a port needs none of this. */
+	 * bound to the wildcard address (0.0.0.0 or [::], with port 0 - bind
+	 * picks a port then - or a port of the application's: many client
+	 * libraries bind before connecting) takes the same path: the kernel
+	 * keeps the bound port and chooses the source address at connect (a
+	 * v4-mapped one for an IPv6 socket connecting to IPv4). Only a socket
+	 * bound to an address and a port needs none of this. */
 	union sdp_addr la;
 	socklen_t ll = sizeof la;
 	struct key lk;
@@ -879,7 +902,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		goto fail;
 	static const uint8_t zero[16];
 	bool any_addr = !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16);
-	if (lk.port == 0) {
+	if (lk.port == 0 || any_addr) {
 		int one = 1;
 		why = "no deferred connect (TCP_FASTOPEN_CONNECT)";
 		if (sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_CONNECT, &one, sizeof one) < 0 ||
@@ -897,11 +920,9 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		why = "cannot name the local address";
 		cs->deferred = true;
 		ll = sizeof la;
-		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
+		if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0 ||
+		    lk.port == 0 || !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16))
 			goto fail;
-	} else if (any_addr) {
-		why = "bound to a wildcard address with a port";
-		goto fail;                    /* bound to the wildcard: cannot name it */
 	}
 	why = "out of connection slots or memory";
 
@@ -962,7 +983,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 fail:
-	sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
+	sdp_why("%s", why);
 	if (memfd >= 0)
 		sys_close(memfd);
 	sys_close(rv);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "sdp/conn.h"
+#include "sdp/iov.h"
 #include "sdp/proto.h"
 #include "switch/log.h"
 #include <sys/uio.h>
@@ -73,29 +74,11 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 static void rx_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
+	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
 	c->st.credits = ep->ops->credits(ep);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
-}
-
-/* Scatter len bytes from src into the iovec at stream offset off. */
-static void iov_scatter(const struct iovec *iov, int n, size_t off,
-			const char *src, size_t len)
-{
-	for (int i = 0; i < n && len; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t k = iov[i].iov_len - off;
-		if (k > len)
-			k = len;
-		memcpy((char *)iov[i].iov_base + off, src, k);
-		src += k;
-		len -= k;
-		off = 0;
-	}
 }
 
 /* End-of-stream or error state when no data is pending: 0 = EOF,
@@ -127,28 +110,6 @@ static bool data_pending(struct sdp_conn *c)
 	struct sdp_bsdh h;
 	const char *pl;
 	return rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_DATA;
-}
-
-/* Build the local iovec for stream bytes [off, off+len) of iov. */
-int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
-		     struct iovec *out, int max)
-{
-	int k = 0;
-	for (int i = 0; i < n && len && k < max; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t m = iov[i].iov_len - off;
-		if (m > len)
-			m = len;
-		out[k].iov_base = (char *)iov[i].iov_base + off;
-		out[k].iov_len = m;
-		k++;
-		len -= m;
-		off = 0;
-	}
-	return k;
 }
 
 /*
@@ -258,7 +219,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		for (int i = 0; i < ln; i++)
 			cap += lv[i].iov_len;
 		n = cap < n ? cap : n;
-		got = ep->ops->rdma_read(ep, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
+		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
 		if (got < 0) {
 			errno = (int)-got;
 			got = -1;
@@ -613,6 +574,12 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	}
 	if (!peek)
 		c->st.rx_bytes += copied;
+	if (!peek && copied && c->rx_off && c->ep.ops->peer_tx_limited(&c->ep)) {
+		/* Part of a message read: a byte-limited sender may go on
+		 * (a released message published its bytes already). */
+		c->ep.ops->set_rx_bytes(&c->ep, c->rx_stream);
+		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
+	}
 	sdp_unlock(&c->rx_lock);
 	if (!peek)
 		sdp_proc_bytes(0, copied);
@@ -675,12 +642,21 @@ unsigned sdp_events(struct sdp_conn *c)
 	if (atomic_load(&c->so_error))
 		ev |= POLLERR;
 	bool wr_closed = atomic_load(&c->tx_shut);
-	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone) ||
+	if (sdp_tx_writable(c) || wr_closed || atomic_load(&c->peer_gone) ||
 	    shm_peer_closed(ep))
 		ev |= POLLOUT | POLLWRNORM;
 	if (wr_closed && rd_closed)
 		ev |= POLLHUP;                /* TCP: both directions shut */
 	return ev;
+}
+
+uint64_t sdp_ready_since(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend == 0 || pend == UINT32_MAX)
+		return 0;
+	return ep->ops->rx_since(ep);
 }
 
 void sdp_arm(struct sdp_conn *c, unsigned events)

@@ -47,7 +47,7 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	if ((what & FAB_WAIT_RX) &&
 	    (ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep)))
 		return true;
-	if ((what & FAB_WAIT_CREDIT) && ep->ops->credits(ep) != 0)
+	if ((what & FAB_WAIT_CREDIT) && sdp_tx_open(c))   /* credit and window */
 		return true;
 	if ((what & FAB_WAIT_ZC) &&
 	    atomic_load(&shm_zc_peer(ep)->rd_done) != c->zc_mark)

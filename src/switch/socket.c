@@ -14,6 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/resource.h>
@@ -83,6 +84,12 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 	}
 	v = 1;
 	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
+	/* Buffer sizes the application chose (on this socket or, inherited
+	 * by the kernel, on its listener) limit the bytes in flight. */
+	if (opts & OPT_SNDBUF)
+		sdp_bufsize_set(c, fd, true);
+	if (opts & OPT_RCVBUF)
+		sdp_bufsize_set(c, fd, false);
 	/* SO_RCVLOWAT is ours now: on the kernel socket it would hold back
 	 * the 1-byte wake-ups. */
 	vl = sizeof v;
@@ -103,16 +110,25 @@ EXPORT int socket(int domain, int type, int protocol)
 		struct fdent *e = fd_get(fd);
 		if (e)
 			atomic_store(&e->opts, (type & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
+		else if (is_tcp_type(domain, type, protocol) &&
+			 !atomic_load_explicit(&sdp_passthru, memory_order_relaxed))
+			sdp_log(2, "socket fd %d: TCP (above the %d descriptors the library "
+				"tracks: the hard RLIMIT_NOFILE when it started)", fd,
+				fd_table_size());
 	}
 	return fd;
 }
 
-static bool offers_sdp(int fd)
+/* Does the policy let this listening socket offer SDP? If not, why. */
+static bool offers_sdp(int fd, char *why, size_t n)
 {
 	union sdp_addr a;
 	socklen_t len = sizeof a;
-	return sys_getsockname(fd, &a, &len) == 0 &&
-	       sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP;
+	if (sys_getsockname(fd, &a, &len) < 0) {
+		snprintf(why, n, "cannot read the listening address");
+		return false;
+	}
+	return sdp_decide_why(SDP_ROLE_SERVER, &a.sa, len, why, n) != SDP_USE_TCP;
 }
 
 EXPORT int listen(int fd, int backlog)
@@ -121,7 +137,8 @@ EXPORT int listen(int fd, int backlog)
 	if (fd_kind(fd) != FDK_INET)
 		return real_listen(fd, backlog);
 	/* A SO_REUSEPORT socket bound to a port joins its group's rendezvous
-	 * before the kernel can give it a SYN (hello.c, group.c). */
+	 * before the kernel can give it a SYN (hello.c, group.c); a group
+	 * member the policy keeps on TCP joins too, to withdraw the group. */
 	int one = 0;
 	socklen_t ol = sizeof one;
 	union sdp_addr a;
@@ -130,9 +147,14 @@ EXPORT int listen(int fd, int backlog)
 		     sys_getsockname(fd, &a, &len) == 0 &&
 		     (a.sa.sa_family == AF_INET ? a.in.sin_port : a.in6.sin6_port) != 0;
 	struct sdp_listener *l = NULL;
+	char why[300] = "no rendezvous";
+	bool offer = false;
 	int e = 0;
-	if (early)
-		e = sdp_listener_open(fd, offers_sdp(fd), &l);
+	sdp_why_take();
+	if (early) {
+		offer = offers_sdp(fd, why, sizeof why);
+		e = sdp_listener_open(fd, offer, &l);
+	}
 	int r = real_listen(fd, backlog);
 	if (r < 0) {
 		int le = errno;
@@ -144,13 +166,24 @@ EXPORT int listen(int fd, int backlog)
 		errno = le;
 		return r;
 	}
-	if (!early)
-		e = sdp_listener_open(fd, offers_sdp(fd), &l);
-	if (e < 0)
-		sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
+	if (!early) {
+		offer = offers_sdp(fd, why, sizeof why);
+		if (offer)
+			e = sdp_listener_open(fd, true, &l);
+	}
+	if (offer) {
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : e < 0 ? strerror(-e) : "no rendezvous");
+		if (e < 0)
+			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, why);
+	}
 	fd_set_listen(fd, l);
+	sdp_proc_note_socket();
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
-	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
+	if (l && offer)
+		sdp_log(2, "listen fd %d: SDP offered", fd);
+	else
+		sdp_log(2, "listen fd %d: TCP only (%s)", fd, why);
 	return r;
 }
 
@@ -162,8 +195,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return real_connect(fd, addr, len);
 	struct sdp_conn *c = NULL;
 	struct sdp_connect_state cs = { 0 };
-	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
+	char why[300];
+	sdp_why_take();
+	if (sdp_decide_why(SDP_ROLE_CLIENT, addr, len, why, sizeof why) != SDP_USE_TCP) {
 		c = sdp_hello_connect(fd, addr, len, &cs);
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : "no SDP listener serves the destination");
+	}
 	int r, e;
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a
@@ -186,6 +224,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
 			sdp_proc_count(0, 1);
 			epoll_drop_pending(fd);
+			sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
 		}
 		errno = e;
 		return r;
@@ -230,6 +269,7 @@ static int after_accept(int lfd, int nfd, int flags)
 	}
 	int refuse = 0;
 	const char *why = NULL;
+	sdp_why_take();
 	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse, &why) :
 			     NULL;
 	if (refuse < 0) {
@@ -257,7 +297,11 @@ static int after_accept(int lfd, int nfd, int flags)
 	} else {
 		fd_set_tcp(nfd, SDP_ROLE_SERVER);
 		sdp_proc_count(0, 1);
-		sdp_log(2, "accept fd %d -> %d: TCP", lfd, nfd);
+		const char *w = sdp_why_take();
+		sdp_log(2, "accept fd %d -> %d: TCP (%s)", lfd, nfd,
+			k != FDK_LISTEN ? "listen() was not seen on this socket" :
+			!e->l ? "the listener offers TCP only, see its listen line" :
+			w ? w : "the client sent no hello: not an SDP client");
 	}
 	return nfd;
 }
@@ -301,8 +345,11 @@ static int reserve(int lfd)
 }
 
 /* A refused connection is invisible to the application: accept the next
- * one (a nonblocking listener then says EAGAIN if there is none). */
-static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+ * one (a nonblocking listener then says EAGAIN if there is none). The
+ * kernel gets the application's own call (four: accept4): a seccomp
+ * filter may allow accept and not accept4. */
+static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags,
+			 bool four)
 {
 	socklen_t len0 = len ? *len : 0;
 	for (;;) {
@@ -313,7 +360,7 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 			errno = -r;
 			return -1;
 		}
-		int n = real_accept4(fd, addr, len, flags);
+		int n = four ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
 		int e = errno;
 		unreserve();
 		if (n < 0) {
@@ -333,13 +380,13 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	SDP_INIT();
-	return accept_common(fd, addr, len, 0);
+	return accept_common(fd, addr, len, 0, false);
 }
 
 EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
 	SDP_INIT();
-	return accept_common(fd, addr, len, flags);
+	return accept_common(fd, addr, len, flags, true);
 }
 
 EXPORT int close(int fd)
@@ -371,7 +418,7 @@ static bool vfork_dup(int o)
 		return false;
 	struct sdp_conn *c = fd_conn(o);
 	if (c)
-		fd_fallback(o, c);
+		fd_fallback_for(o, c, "a vfork child gives it to the program it runs");
 	return true;
 }
 
@@ -547,6 +594,17 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (r == 0 && !c && level == SOL_SOCKET &&
 	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO))
 		fd_opt_set(fd, OPT_TIMEO, true);
+	if (r == 0 && level == SOL_SOCKET &&
+	    (name == SO_SNDBUF || name == SO_SNDBUFFORCE ||
+	     name == SO_RCVBUF || name == SO_RCVBUFFORCE)) {
+		/* The kernel keeps the value (doubled, clamped) and reports
+		 * it; the SDP window takes it from there. */
+		bool snd = name == SO_SNDBUF || name == SO_SNDBUFFORCE;
+		if (c)
+			sdp_bufsize_set(c, fd, snd);
+		else
+			fd_opt_set(fd, snd ? OPT_SNDBUF : OPT_RCVBUF, true);
+	}
 	if (r == 0 && c && level == SOL_SOCKET && name == SO_LINGER &&
 	    len >= sizeof(struct linger)) {
 		const struct linger *lg = val;

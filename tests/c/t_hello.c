@@ -55,7 +55,7 @@
 
 /* The head of the connection memory, as the shm provider lays it out. */
 #define REGION_MAGIC    0x53444d52u   /* "SDMR" */
-#define REGION_VERSION  3
+#define REGION_VERSION  5
 #define REGION_HDR_SIZE 4096u
 #define F_NSLOTS        8
 #define F_SLOT          4096

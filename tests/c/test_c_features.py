@@ -38,6 +38,13 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
             # 2 GiB regions: eight would not fit an arena a peer maps
             "t_bigregion": {"SDP_NSLOTS": "1024", "SDP_SLOT_SIZE": "1048576"}}
 
+# Programs that print metrics (TL_METRIC name value, testlib.h tl_metric)
+# which their SDP run compares with the kernel TCP run of the same program:
+# the SDP run gets TL_TCP_<name>=value for each metric the TCP run printed.
+# test_tcp records them; test_sdp runs the TCP mode first if it has not.
+COMPARED = {"t_order", "t_sockbuf"}
+TCP_METRICS = {}
+
 KNOWN = {}
 _known_file = HERE / "known_sdp_failures.txt"
 if _known_file.exists():
@@ -57,6 +64,15 @@ def _describe(rc):
     return "exit status %d" % rc
 
 
+def _metrics(out):
+    m = {}
+    for line in out.splitlines():
+        f = line.split()
+        if len(f) == 3 and f[0] == "TL_METRIC":
+            m[f[1]] = f[2]
+    return m
+
+
 def _run(prog, mode):
     exe = BIN_DIR / prog
     if not exe.exists():
@@ -65,6 +81,11 @@ def _run(prog, mode):
     env.pop("LD_PRELOAD", None)
     env["SDP_EXPECT"] = mode
     env.update(PROG_ENV.get(prog, {}))
+    if mode == "sdp" and prog in COMPARED:
+        if prog not in TCP_METRICS:
+            _run(prog, "tcp")
+        for name, value in TCP_METRICS[prog].items():
+            env["TL_TCP_" + name] = value
     if mode == "tcp":
         cmd = [str(exe)]
     else:
@@ -81,6 +102,8 @@ def _run(prog, mode):
             prog, mode, TIMEOUT, (e.stderr or b"").decode(errors="replace")))
     out = res.stdout.decode(errors="replace")
     err = res.stderr.decode(errors="replace")
+    if mode == "tcp" and prog in COMPARED and res.returncode == 0:
+        TCP_METRICS[prog] = _metrics(out)
     if res.returncode == SKIP:
         pytest.skip("%s: %s" % (prog, err.strip() or "skipped"))
     if res.returncode != 0 and mode == "sdp" and prog in KNOWN:
