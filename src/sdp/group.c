@@ -642,18 +642,19 @@ int group_open(int fd, const struct key *k, bool offer, struct sdp_listener **ou
 	if (r < 0) {
 		pthread_mutex_unlock(&reg_lock);
 		if (r == -ECONNREFUSED || r == -EACCES)
-			sdp_log(1, "listen fd %d: TCP (its SO_REUSEPORT group's rendezvous "
-				"is %s)", fd, r == -EACCES ? "another user's" : "withdrawn");
+			sdp_why("its SO_REUSEPORT group's rendezvous is %s",
+				r == -EACCES ? "another user's" : "withdrawn");
 		listener_free(l);
 		return r == -ECONNREFUSED || r == -EACCES ? 0 : r;
 	}
 	l->fd_owned = true;
 	int ms = wildcard(k) && offer ? more_specific(k) : 0;
 	if (!offer || ms) {
-		sdp_log(1, "listen fd %d: SO_REUSEPORT group withdrawn: %s", fd,
-			!offer ? "the policy keeps this listener on TCP" :
-			ms > 0 ? "a more specific listener shares its port" :
-			"cannot tell whether a more specific listener shares its port");
+		const char *w = !offer ? "the policy keeps this listener on TCP" :
+				ms > 0 ? "a more specific listener shares its port" :
+				"cannot tell whether a more specific listener shares its port";
+		sdp_log(1, "listen fd %d: SO_REUSEPORT group withdrawn: %s", fd, w);
+		sdp_why("its SO_REUSEPORT group is withdrawn: %s", w);
 		withdraw_one(l);
 	}
 	/* Clients of less specific names of our port whose SYN we get. */

@@ -171,8 +171,10 @@ EXPORT int listen(int fd, int backlog)
 		if (offer)
 			e = sdp_listener_open(fd, true, &l);
 	}
+	bool said = false;                    /* withdrawn (a group's), or no SDP */
 	if (offer) {
 		const char *w = sdp_why_take();
+		said = w != NULL;
 		snprintf(why, sizeof why, "%s", w ? w : e < 0 ? strerror(-e) : "no rendezvous");
 		if (e < 0)
 			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, why);
@@ -180,7 +182,7 @@ EXPORT int listen(int fd, int backlog)
 	fd_set_listen(fd, l);
 	sdp_proc_note_socket();
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
-	if (l && offer)
+	if (l && offer && !said)
 		sdp_log(2, "listen fd %d: SDP offered", fd);
 	else
 		sdp_log(2, "listen fd %d: TCP only (%s)", fd, why);
