@@ -190,6 +190,11 @@ int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
 int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 		   bool pooled);
 void shm_region_tune(uint32_t arena_slots);   /* 0: no reuse */
+/* The largest memfd an accepting side maps (bytes): a region, or an arena
+ * of regions, never exceeds it. */
+#define SHM_MEMFD_MAX (1ull << 34)
+/* Can a region of this geometry be created and accepted at all? */
+bool shm_region_fits(uint32_t nslots, uint32_t slot_size);
 /* Fields of the shared header other layers use. */
 uint64_t shm_token(struct fab_ep *ep);
 void shm_set_state(struct fab_ep *ep, uint32_t st);

@@ -83,8 +83,6 @@ struct sdp_conn {
 					* Our SO_RCVBUF is in our control block */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
-	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
-					    * accepted, answered by RST) */
 	_Atomic uint32_t reset_told;   /* the peer was kicked to see our reset */
 
 	uint32_t rx_off;               /* bytes of the head Data/SrcAvail consumed */
@@ -204,6 +202,9 @@ void    sdp_check_peer(struct sdp_conn *c);
 bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);
+/* tx.c: the errno TCP reports for a reset not reported yet (0 = none):
+ * EPIPE if the peer's FIN came before it, else ECONNRESET. Once. */
+int     sdp_reset_errno(struct sdp_conn *c);
 
 /* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
 #define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */
@@ -247,14 +248,20 @@ bool sdp_fallback_pending(struct sdp_conn *c);
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */
 struct sdp_listener;
-int  sdp_listener_open(int fd, struct sdp_listener **out);
+/* A listening socket: publish (or join, SO_REUSEPORT) its rendezvous.
+ * offer: the policy allows SDP; a SO_REUSEPORT listener that may not
+ * offer it still joins its group, to withdraw it for every member. */
+int  sdp_listener_open(int fd, bool offer, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
-/* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
-/* *refuse < 0: the client said hello but cannot be served (-errno):
- * reset the connection rather than keep it TCP on our side only. */
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse);
+/* Accepted TCP socket newfd: SDP connection if its client sent a hello.
+ * *refuse < 0: the client said hello but cannot be served (-errno, *why
+ * says why): reset the connection rather than keep it TCP on our side
+ * only. *refuse > 0: an internal connection (a listener joining the
+ * SO_REUSEPORT group woke us with it): close it unseen. */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
+				  const char **why);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
 struct sdp_connect_state {

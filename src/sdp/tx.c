@@ -152,9 +152,36 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 	return 0;
 }
 
-/* Why a send cannot queue data now (0 = it can). 1 = the peer has closed:
- * the bytes are accepted and dropped once, as TCP does before the RST. */
-static int tx_error(struct sdp_conn *c)
+/* Our data reached a peer that will never read it: its socket is closed,
+ * or shut down both ways. TCP's peer answers such data with a reset, which
+ * arrives while we are in CLOSE_WAIT (its FIN came first): the connection
+ * is closed with sk_err = EPIPE - reported once by the next send (EPIPE)
+ * or SO_ERROR, shown by POLLERR - and never as ECONNRESET; reads go on
+ * returning what was queued, then EOF. A peer still there (shut down
+ * both ways) sees the reset as ECONNRESET. */
+static void peer_answers_reset(struct sdp_conn *c)
+{
+	atomic_store(&c->so_error, EPIPE);
+	atomic_store(&c->err_reported, 1);
+	shm_set_abort(&c->ep);
+	atomic_store(&c->state, SDP_ST_RESET);
+}
+
+/* The error TCP reports for a reset not reported yet (0: none, or it was
+ * reported): EPIPE if the peer's FIN came before it (CLOSE_WAIT), else
+ * ECONNRESET. Reported once, by whichever call gets here first. */
+int sdp_reset_errno(struct sdp_conn *c)
+{
+	if (!sdp_take_reset(c))
+		return 0;
+	return shm_peer_fin_seen(&c->ep) ? EPIPE : ECONNRESET;
+}
+
+/* Why a send of len bytes cannot queue data now (0 = it can). 1 = the
+ * peer will never read it: the bytes are accepted and dropped, as TCP
+ * takes them before the peer's reset comes back. A zero-length send moves
+ * no data, provokes no reset and returns 0. */
+static int tx_error(struct sdp_conn *c, size_t len)
 {
 	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
@@ -162,20 +189,17 @@ static int tx_error(struct sdp_conn *c)
 	int e = atomic_exchange(&c->so_error, 0);
 	if (e)
 		return -e;
-	if (sdp_is_reset(c))
-		return sdp_take_reset(c) ? -ECONNRESET : -EPIPE;
+	if (sdp_is_reset(c)) {
+		e = sdp_reset_errno(c);
+		return e ? -e : -EPIPE;
+	}
 	if (atomic_load(&c->tx_shut))
 		return -EPIPE;
-	if (shm_peer_closed(&c->ep) || atomic_load(&c->peer_gone))
-		return atomic_exchange(&c->sent_after_close, 1) ? -EPIPE : 1;
-	if (shm_peer_rd_shut(&c->ep) && shm_peer_fin_seen(&c->ep)) {
-		/* The peer shut both halves: as with TCP, these bytes are taken
-		 * and the peer answers with a reset, which both ends see:
-		 * we get EPIPE if we had its FIN already, else ECONNRESET. */
-		shm_set_abort(&c->ep);
-		atomic_store(&c->state, SDP_ST_RESET);
-		if (shm_peer_fin_seen(&c->ep))
-			atomic_store(&c->err_reported, 1);
+	if (shm_peer_closed(&c->ep) || atomic_load(&c->peer_gone) ||
+	    (shm_peer_rd_shut(&c->ep) && shm_peer_fin_seen(&c->ep))) {
+		if (!len)
+			return 0;
+		peer_answers_reset(c);
 		return 1;
 	}
 	return 0;
@@ -191,7 +215,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	int r = sdp_lock(&c->tx_lock);
 	if (r)
 		return r;
-	r = tx_error(c);
+	r = tx_error(c, total);
 	if (r) {
 		sdp_unlock(&c->tx_lock);
 		sdp_reset_tell(c, fd);
@@ -253,11 +277,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = sdp_wait(c, fd, FAB_WAIT_CREDIT,
 				     done ? SDP_WAIT_PARTIAL : 0, &c->tx_lock);
 			if (!r)
-				r = tx_error(c);
-			if (r == 1) {             /* peer gone while we waited */
-				r = done ? 0 : -EPIPE;
-				if (!done)
-					atomic_store(&c->sent_after_close, 1);
+				r = tx_error(c, total - done);
+			if (r == 1) {             /* the peer went while we waited: */
+				done = total;     /* the rest is taken and dropped */
+				r = 0;
 				break;
 			}
 			if (r)

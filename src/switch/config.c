@@ -127,6 +127,21 @@ static uint32_t tun_get(const char *env, const char *set, uint32_t def,
 	return (uint32_t)x;
 }
 
+/* Settings valid one by one that cannot work together are refused here,
+ * at start-up, naming them - not later by the peer, one connection at a
+ * time. */
+static void tun_refuse_unworkable(void)
+{
+	if (shm_region_fits(sdp_tun.nslots, sdp_tun.slot_size))
+		return;
+	sdp_logf("refusing SDP_NSLOTS=%u with SDP_SLOT_SIZE=%u (nslots, slot_size): "
+		 "a connection needs 2 x %u x %u bytes, more than the %llu GiB a peer "
+		 "maps; using %u x %u", sdp_tun.nslots, sdp_tun.slot_size,
+		 sdp_tun.nslots, sdp_tun.slot_size, SHM_MEMFD_MAX >> 30, 64u, 32768u);
+	sdp_tun.nslots = 64;
+	sdp_tun.slot_size = 32768;
+}
+
 static void at_exit(void)
 {
 	/* Under seccomp they were written before the filter (sandbox.c). */
@@ -225,6 +240,7 @@ static void do_init(void)
 	sdp_tun.nslots = tun_get("SDP_NSLOTS", "nslots", sdp_tun.nslots, 2, 4096);
 	sdp_tun.slot_size = tun_get("SDP_SLOT_SIZE", "slot_size", sdp_tun.slot_size,
 				    1024, 1u << 22) & ~63u;
+	tun_refuse_unworkable();
 	shm_region_tune(tun_get("SDP_REGION_CACHE", "region_cache", 8, 0, 64));
 	int r = sdp_pool_init();
 	if (r < 0)
