@@ -53,6 +53,7 @@
 #ifndef SDP_FABRIC_H
 #define SDP_FABRIC_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -101,6 +102,7 @@ enum fab_wait {
 	FAB_WAIT_CREDIT = 1u << 1,   /* the peer consumed messages (credits back) */
 	FAB_WAIT_ZC     = 1u << 2,   /* the peer's zero-copy words moved (RdmaRdCompl,
 				      * cancel acknowledged) */
+	FAB_WAIT_ALL    = 0x7,       /* every bit a waiter may arm */
 };
 
 /*
@@ -131,6 +133,8 @@ enum fab_mark {
 /* Whose block a zero-copy compare-and-swap targets (zc_cas). */
 #define FAB_PEERS 0u
 #define FAB_OURS  FAB_MY(1)
+/* The locks a self_sane caller holds. */
+enum { FAB_SELF_TX = 1, FAB_SELF_RX = 2 };
 
 /* What the engine tells a provider at set-up. */
 struct fab_setup {
@@ -189,6 +193,9 @@ struct fab_ops {
 	/* Can this provider carry a connection to the peer at this address
 	 * (shm: an address of this host)? Any thread; may make system calls. */
 	bool     (*reaches)(const struct sockaddr *peer, socklen_t len);
+	/* Can it carry connections of this geometry at all (shm: the memory
+	 * a peer would have to map)? Start-up refuses settings none fits. */
+	bool     (*fits)(uint32_t nslots, uint32_t slot_size);
 	/* Connecting side, before its TCP connect: set up ep as side 0 with
 	 * the geometry s asks for, and describe it for the peer in o (data,
 	 * descriptors and which of them the engine closes once sent). The
@@ -279,6 +286,12 @@ struct fab_ops {
 	 * other threads of ours advance meanwhile never make an honest peer
 	 * look insane. */
 	bool     (*peer_sane)(struct fab_ep *ep, const char **why);
+	/* Does what we published still hold what we wrote (a writer of shared
+	 * memory could change it)? Exact for the words the locks held
+	 * serialize (locked: FAB_SELF_TX with tx_lock, FAB_SELF_RX with
+	 * rx_lock), consistent for the others. false: abort; *why as above.
+	 * peer_sane includes it with no lock held. */
+	bool     (*self_sane)(struct fab_ep *ep, unsigned locked, const char **why);
 
 	/* ---- zero-copy control words (struct sdp_zctl) ------------------- */
 
@@ -331,12 +344,18 @@ struct fab_ops {
 	void     (*disarm)(struct fab_ep *ep, unsigned what);
 	int      (*kick)(struct fab_ep *ep, int wfd, unsigned what);
 	int      (*drain)(struct fab_ep *ep, int wfd);
+	/* Before we sleep (after arming): wake the peer if it may wait for
+	 * progress of ours although it did not arm for it (its arm bits can
+	 * be cleared by a writer of shared memory). 1 if a wake-up was sent. */
+	int      (*kick_owed)(struct fab_ep *ep, int wfd);
 	/* Wake-up tokens the peer has put on the TCP socket that we have not
 	 * consumed yet (0 for a provider whose wake-ups never travel on it),
-	 * and the engine's note that it consumed n of them itself (fallback:
-	 * the last tokens are read off the socket before application bytes). */
+	 * and the engine's note that it read n announced tokens off the
+	 * socket itself (fallback: the last tokens are read before application
+	 * bytes): counted as taken; -EPROTO if they are not tokens (written
+	 * outside the library: the stream cannot be handed over). */
 	uint64_t (*tokens_due)(struct fab_ep *ep);
-	void     (*tokens_took)(struct fab_ep *ep, uint64_t n);
+	int      (*tokens_took)(struct fab_ep *ep, const void *buf, size_t n);
 
 	/* ---- fallback to TCP ------------------------------------------------ */
 
@@ -359,6 +378,7 @@ struct fab_ops {
  * The engine reads ops, side, nslots, slot_size and flags; the rest is the
  * provider's.
  */
+#define FAB_EP_PRIV 128        /* bytes of provider state per endpoint */
 struct fab_ep {
 	const struct fab_ops *ops;     /* the provider; NULL: no endpoint (TCP) */
 	uint32_t  side;        /* 0 = connecting side, 1 = accepting side */
@@ -367,6 +387,10 @@ struct fab_ep {
 	uint32_t  flags;       /* FAB_EP_* */
 	void     *base;        /* provider's: shm maps the connection region here */
 	size_t    len;         /* provider's: shm: the mapping's length in bytes */
+	/* The provider's own state of this endpoint (shm: struct shm_ep,
+	 * shm_layout.h: what this side published, kept where the peer
+	 * cannot write it). */
+	_Alignas(8) unsigned char priv[FAB_EP_PRIV];
 };
 
 enum {
@@ -384,6 +408,8 @@ const struct fab_ops *fab_choose(const struct sockaddr *peer, socklen_t len,
 				 enum fab_pref pref);
 /* The provider a hello names (enum fab_id), or NULL. */
 const struct fab_ops *fab_by_id(unsigned id);
+/* Can every provider carry connections of this geometry? */
+bool fab_fits(uint32_t nslots, uint32_t slot_size);
 
 /* The names of the preferences (policy files, logs): header-only, so that
  * the policy parser and the tools need no provider. */

@@ -82,19 +82,24 @@ void rx_release(struct sdp_conn *c, int fd)
 }
 
 /* End-of-stream or error state when no data is pending: 0 = EOF,
- * -errno = error, 1 = nothing known (wait). */
+ * -errno = error, 1 = nothing known (wait). As in TCP, once the peer's
+ * FIN is in, reads say EOF: an error that came after it (the reset that
+ * answers data sent to a closed peer) is for sends and SO_ERROR. */
 static int rx_end_state(struct sdp_conn *c)
 {
 	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
+	if (atomic_load(&c->rx_eof) || sdp_marked(c, FAB_M_FIN_READ))
+		return 0;
 	int e = atomic_exchange(&c->so_error, 0);
 	if (e)
 		return -e;
-	if (sdp_is_reset(c))
-		return sdp_take_reset(c) ? -ECONNRESET : 0;
-	if (atomic_load(&c->rx_eof) || sdp_marked(c, FAB_M_FIN_READ) ||
-	    atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
+	if (sdp_is_reset(c)) {
+		e = sdp_reset_errno(c);
+		return e ? -e : 0;
+	}
+	if (atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
 		return 0;
 	return 1;
 }
@@ -286,6 +291,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	sdp_unlock(&c->rx_lock);
+	sdp_reset_tell(c, fd);
 	if (!peek)
 		sdp_proc_bytes(0, rc.copied);
 	if (rc.copied)
@@ -333,7 +339,8 @@ unsigned sdp_events(struct sdp_conn *c)
 	sdp_check_peer(c);
 	if (sdp_is_reset(c))
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
-		       (atomic_load(&c->err_reported) ? 0 : POLLERR);
+		       (atomic_load(&c->err_reported) && !atomic_load(&c->so_error) ?
+			0 : POLLERR);
 	uint32_t pend = ep->ops->rx_pending(ep);
 	if (pend == UINT32_MAX)
 		return POLLIN | POLLERR | POLLHUP;
@@ -383,7 +390,7 @@ uint64_t sdp_ready_since(struct sdp_conn *c)
 	return ep->ops->rx_since(ep);
 }
 
-void sdp_arm(struct sdp_conn *c, unsigned events)
+void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 {
 	unsigned what = 0;
 	if (events & (POLLIN | POLLRDNORM | POLLRDHUP))
@@ -391,4 +398,5 @@ void sdp_arm(struct sdp_conn *c, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
+	c->ep.ops->kick_owed(&c->ep, fd);     /* we may sleep now */
 }

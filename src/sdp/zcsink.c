@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "sdp/iov.h"
 #include "sdp/log.h"
@@ -358,7 +359,15 @@ int rx_sink_end(struct rx_call *rc, int r)
 			sdp_conn_abort(c, ECONNRESET);
 			return r;
 		} else {
-			sdp_cpu_relax();
+			/* The write takes one copy's time; past a millisecond
+			 * (a stopped source, or a state a third process
+			 * wrote), wait without taking the CPU. */
+			if (sdp_now_ns() + SINK_WRITE_NS - 1000000ull > deadline) {
+				struct timespec nap = { 0, 200000 };
+				nanosleep(&nap, NULL);
+			} else {
+				sdp_cpu_relax();
+			}
 			continue;
 		}
 		if (k < 0)

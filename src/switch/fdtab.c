@@ -195,11 +195,22 @@ void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
 			break;
 		}
 	}
-	sdp_fallback(c, fd);
+	int subst;
+	sdp_fallback(c, fd, &subst);
 	int hi = atomic_load(&hiwater);
-	for (int i = 0; i < hi; i++)
-		if (atomic_load(&tab[i].kind) == FDK_SDP && tab[i].c == c)
-			atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	for (int i = 0; i < hi; i++) {
+		if (atomic_load(&tab[i].kind) != FDK_SDP || tab[i].c != c)
+			continue;
+		if (subst >= 0) {
+			/* The peer is gone: the fd now names the socket that
+			 * delivers what it left (same close-on-exec flag). */
+			int fl = sys_fcntl(i, F_GETFD, 0);
+			syscall(SYS_dup3, subst, i, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+		}
+		atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	}
+	if (subst >= 0)
+		sys_close(subst);
 	/* The rings stay mapped until close: this may be a vfork child that
 	 * shares our address space with its parent. */
 }

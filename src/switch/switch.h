@@ -185,9 +185,9 @@ void epoll_drop_pending(int fd);                /* ... or plain TCP */
 void epoll_shadow_free(struct ep_shadow *s);
 void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) */
 
-/* How long a poll/epoll sleep may last: until deadline (0 = none, NULL
- * result = forever), cut to SDP_SHARED_SLICE_MS when another sleeper
- * consumes the tokens of one of our sockets (conn.h). */
+/* How long a poll/epoll sleep may last: until deadline (0 = none), cut to
+ * SDP_SHARED_SLICE_MS when another sleeper consumes the tokens of one of
+ * our sockets, and to SDP_CHECK_MS in any case (conn.h). */
 static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared,
 						  struct timespec *ts)
 {
@@ -198,8 +198,8 @@ static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared
 	}
 	if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
 		left = SDP_SHARED_SLICE_MS * 1000000ull;
-	if (left == UINT64_MAX)
-		return NULL;
+	if (left > SDP_CHECK_MS * 1000000ull)
+		left = SDP_CHECK_MS * 1000000ull;   /* look again (conn.h) */
 	ts->tv_sec = (time_t)(left / 1000000000);
 	ts->tv_nsec = (long)(left % 1000000000);
 	return ts;
