@@ -210,6 +210,11 @@ void listener_free(struct sdp_listener *l)
  * cannot see our rendezvous (exec, SCM_RIGHTS): stop offering SDP on it for
  * every process sharing it. shutdown() on the shared AF_UNIX listener makes
  * every new rendezvous connect fail, so new clients stay on TCP. */
+int sdp_listener_pending(const struct sdp_listener *l)
+{
+	return l ? l->npend : 0;
+}
+
 void sdp_listener_withdraw(struct sdp_listener *l)
 {
 	group_withdraw(l);
