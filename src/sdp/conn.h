@@ -309,6 +309,9 @@ int  sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listen
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
+/* Hellos taken from the rendezvous and kept for connections not accepted
+ * yet: each holds the client's memfd (a descriptor of ours). */
+int  sdp_listener_pending(const struct sdp_listener *l);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello.
  * *refuse < 0: the client said hello but cannot be served (-errno, *why
  * says why): reset the connection rather than keep it TCP on our side

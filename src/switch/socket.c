@@ -337,6 +337,13 @@ static int reserve(int lfd)
 	    getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
 	    (rlim_t)atomic_load(&accept_last) + 64 < rl.rlim_cur)
 		return 0;                     /* plenty of room (the usual case) */
+	/* Hellos already taken hold their memfds: the connections they name
+	 * are the next ones in the kernel's queue, and taking one of those
+	 * needs no further descriptor (its memfd is closed once mapped).
+	 * Asking for spares on top would refuse every accept for ever while
+	 * those hellos hold the very descriptors that are missing. */
+	if (sdp_listener_pending(e->l) > 0)
+		return 0;
 	while (nspare < ACCEPT_SPARE) {
 		int d = sys_fcntl(lfd, F_DUPFD_CLOEXEC, 0);
 		if (d < 0) {
