@@ -117,6 +117,11 @@ class Experiment:
         """Why this experiment cannot run on this host at all, or None."""
         return None
 
+    def skip_reason(self, cfg) -> str | None:
+        """Why this experiment leaves out an available configuration (it
+        would measure nothing another one does not), or None."""
+        return None
+
     def est_run_s(self, ctx: "Ctx") -> float | None:
         """Seconds one run takes, start-up included, if not the default."""
         return None

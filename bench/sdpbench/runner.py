@@ -106,6 +106,8 @@ def plan(exps: list[Experiment], configs: list, ctx: Ctx) -> list[tuple]:
                                    "SDP configuration only)"))
             elif not c.available:
                 unavail.append((c, c.reason or "not available"))
+            elif exp.skip_reason(c):
+                unavail.append((c, exp.skip_reason(c)))
             elif missing:
                 unavail.append((c, "not installed: " + ", ".join(missing)))
             elif why_not:
