@@ -626,10 +626,14 @@ class Pfs(Experiment):
                    "help only with more clients.")
 
     def plot(self, rows, plt):
+        """Paper 002 Figs 8 (read) and 9 (write): bandwidth against the
+        number of I/O servers, one panel per number of clients; a third row
+        with the CPU per GB of every process of the run."""
         from .plots import COLORS, MARKERS
         use = [r for r in rows if r.get("available") and r.get("metrics")]
         clients = sorted({r["params"]["clients"] for r in rows})
-        fig, axes = plt.subplots(2, len(clients), figsize=(4.6 * len(clients) + 1, 7.6),
+        servers = sorted({r["params"]["servers"] for r in rows})
+        fig, axes = plt.subplots(3, len(clients), figsize=(4.6 * len(clients) + 1, 11),
                                  squeeze=False)
         cfgs = []
         for r in use:
@@ -651,7 +655,6 @@ class Pfs(Experiment):
                     ax.errorbar(xs, ys, yerr=[lo, hi], label=cfg, color=COLORS.get(cfg),
                                 marker=MARKERS.get(cfg, "o"), capsize=2, linewidth=1.5,
                                 linestyle="-" if cfg.startswith("sdp") else "--")
-                servers = sorted({r["params"]["servers"] for r in rows})
                 ax.set_xticks(servers)
                 ax.set_xlabel("number of I/O servers (chunk servers)")
                 ax.set_ylabel(f"{label} bandwidth (MB/s)")
@@ -662,10 +665,37 @@ class Pfs(Experiment):
                     ax.legend(fontsize=7)
                 else:
                     ax.text(0.5, 0.5, "no results", ha="center", transform=ax.transAxes)
+        # CPU per GB: bars per server count, read solid and write hatched
+        n = max(len(cfgs), 1)
+        w = 0.8 / n
+        for col, c in enumerate(clients):
+            ax = axes[2][col]
+            for i, cfg in enumerate(cfgs):
+                for metric, hatch, off in (("read_cpu_s_per_gb", None, -w / 4),
+                                           ("write_cpu_s_per_gb", "//", w / 4)):
+                    xs, ys = [], []
+                    for si, sv in enumerate(servers):
+                        for r in use:
+                            if (r["config"] == cfg and r["params"] == {"servers": sv, "clients": c}
+                                    and metric in r["metrics"]):
+                                xs.append(si + (i - (n - 1) / 2) * w + off)
+                                ys.append(r["metrics"][metric]["median"])
+                    ax.bar(xs, ys, width=w / 2, color=COLORS.get(cfg), hatch=hatch,
+                           edgecolor="white" if hatch else COLORS.get(cfg),
+                           label=cfg if metric.startswith("read") else None)
+            ax.set_xticks(range(len(servers)))
+            ax.set_xticklabels([str(s) for s in servers])
+            ax.set_xlabel("number of I/O servers (chunk servers)")
+            ax.set_ylabel("CPU-s per GB, all processes")
+            ax.set_title(f"CPU per GB, {c} client{'s' if c > 1 else ''} "
+                         "(solid: read, hatched: write)", fontsize=10)
+            ax.grid(True, axis="y", alpha=0.3)
+            if use:
+                ax.legend(fontsize=7)
         fig.text(0.01, 0.01, "median of repetitions, error bars min-max; read: paper 002 Fig 8, "
                  "write: Fig 9", fontsize=7)
         fig.suptitle(f"{self.name} — reproduces {self.reproduces}", fontsize=9)
-        fig.tight_layout(rect=(0, 0.03, 1, 0.95))
+        fig.tight_layout(rect=(0, 0.03, 1, 0.97))
         return fig
 
 
