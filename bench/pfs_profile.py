@@ -24,7 +24,7 @@ plus the CPU the rest of the machine used meanwhile (other users). Prints
 and writes a markdown table of CPU-seconds per GB moved per bucket, and
 breakdown.json.
 
-    python3 bench/pfs_profile.py [--configs tcp,sdp-bcopy] [--servers 4]
+    python3 bench/pfs_profile.py [--configs tcp,sdp-bcopy,sdp-bcopy@SDP_SPIN_US=0] [--servers 4]
         [--clients 4] [--size-mib 256] [--reps 3] [--out DIR] [--no-perf]
 
 Needs root, MooseFS and perf; not part of `sdp bench` (perf slows the
@@ -32,6 +32,7 @@ machine while it records)."""
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import re
@@ -279,7 +280,14 @@ def main(argv=None) -> int:
               tmp=tempfile.mkdtemp(prefix="pfs-profile-tmp-"))
     ctx.netns = Netns()
     byname = {c.name: c for c in cfgmod.all_configs()}
-    cfgs = [byname[n] for n in a.configs.split(",")]
+    cfgs = []
+    for spec in a.configs.split(","):
+        # NAME@VAR=VALUE@...: the configuration with more environment
+        base, *sets = spec.split("@")
+        c = copy.deepcopy(byname[base])
+        c.name = spec
+        c.env = dict(c.env, **dict(x.split("=", 1) for x in sets))
+        cfgs.append(c)
     extra_env = dict(e.split("=", 1) for e in a.env)
     all_env = dict(e.split("=", 1) for e in a.daemon_env)
     for c in cfgs:

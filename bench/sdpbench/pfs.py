@@ -335,7 +335,9 @@ CSSERV_LISTEN_PORT = {CS_BASE + i}
         self.start_chunkservers()
         self.start_mounts()
 
-    def stop(self) -> None:
+    def stop(self) -> dict:
+        """Stop everything, remove the files; returns the SDP_STATS_DIR
+        totals the daemons wrote at exit, per program name."""
         for w in self.workers:
             w.kill()
         for mnt in self.mnts:
@@ -350,7 +352,24 @@ CSSERV_LISTEN_PORT = {CS_BASE + i}
             if rc != 0:
                 _run(["umount", "-l", self.store], timeout=20)
             self.store_mounted = False
+        totals: dict = {}
+        try:
+            names = sorted(os.listdir(self.stats_dir))
+        except OSError:
+            names = []
+        for n in names:
+            try:
+                with open(os.path.join(self.stats_dir, n)) as fh:
+                    j = json.load(fh)
+            except (OSError, ValueError):
+                continue
+            t = totals.setdefault(str(j.get("comm")), {"processes": 0, "sdp_conns": 0,
+                                                       "tcp_conns": 0, "tx_bytes": 0})
+            t["processes"] += 1
+            for k in ("sdp_conns", "tcp_conns", "tx_bytes"):
+                t[k] += int(j.get(k, 0))
         shutil.rmtree(self.base, ignore_errors=True)
+        return totals
 
     # ---- observation -----------------------------------------------------
 
@@ -525,6 +544,7 @@ class Pfs(Experiment):
         base = os.path.join(ctx.tmp, f"pfs-{cfg.name}-{self.runs}")
         cl = Cluster(ctx, cfg, p["servers"], p["clients"], size, files, base)
         nonce = (os.getpid() << 16) ^ self.runs
+        s = None
         try:
             cl.start(nonce)
             prep = cl.prepared(60 + size * p["clients"] / (50 * M))
@@ -537,10 +557,14 @@ class Pfs(Experiment):
             vres = cl.all("verify", tmo)
             cres, c0, c1 = cl.phase("create", 60 + files * p["clients"] / 20)
             sres, t0_, t1_ = cl.phase("stat", 60 + files * p["clients"] / 20)
-            return self._sample(cl, cfg, p, prep, wres, rres, vres, cres, sres,
-                                (w0, w1), (r0, r1), (c0, c1), (t0_, t1_), conns, loaded)
+            s = self._sample(cl, cfg, p, prep, wres, rres, vres, cres, sres,
+                             (w0, w1), (r0, r1), (c0, c1), (t0_, t1_), conns, loaded)
+            return s
         finally:
-            cl.stop()
+            exits = cl.stop()
+            if s is not None and exits:
+                # what the daemons wrote into SDP_STATS_DIR at exit
+                s.extra["exit_stats"] = exits
 
     @staticmethod
     def _libsdp(cl: Cluster) -> dict[str, bool]:

@@ -135,5 +135,9 @@ def test_pfs_rows(run):
             conns = r["extra"]["connections"]
             for kind in ("chunkserver-master", "client-master", "client-chunkserver"):
                 assert conns[kind]["sdp"] >= 1 and conns[kind]["tcp"] == 0, conns
+            # the daemons' own totals, written into SDP_STATS_DIR at exit
+            exits = r["extra"]["exit_stats"]
+            for comm in ("mfsmaster", "mfschunkserver", "mfsmount"):
+                assert exits[comm]["sdp_conns"] >= 1 and exits[comm]["tcp_conns"] == 0, exits
         else:
             assert r["transport"] == "tcp"
