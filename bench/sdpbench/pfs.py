@@ -57,6 +57,7 @@ G = 1024 * M
 
 MASTER_ML, MASTER_CS, MASTER_CL, CS_BASE = 9419, 9420, 9421, 9422
 EMPTY_METADATA = "/var/lib/mfs/metadata.mfs.empty"
+STORE_TAG = "sdp-pfs-"          # + pid of the suite: source name of the storage tmpfs
 WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "pfs_worker.py")
 ROLES = ("master", "chunkserver", "mfsmount", "worker")
 PHASES = ("write", "read", "create", "stat")
@@ -233,7 +234,7 @@ class Cluster:
             os.makedirs(d, exist_ok=True)
         mb = (self.C * self.size * 11 // 10 + self.S * 80 * M + 256 * M) // M
         rc, out, err = _run(["mount", "-t", "tmpfs", "-o", f"size={mb}m,mode=0755",
-                             "sdp-pfs", self.store])
+                             f"{STORE_TAG}{os.getpid()}", self.store])
         if rc != 0:
             raise RuntimeError(f"tmpfs for the storage: {_tail(err or out)}")
         self.store_mounted = True
@@ -436,6 +437,64 @@ CSSERV_LISTEN_PORT = {CS_BASE + i}
         return res, s0, s1
 
 
+def _mounts() -> list[tuple[str, str]]:
+    """(source, mount point) of every mount."""
+    out = []
+    try:
+        with open("/proc/self/mountinfo") as fh:
+            for line in fh:
+                pre, _, post = line.partition(" - ")
+                a, b = pre.split(), post.split()
+                if len(a) > 4 and len(b) > 1:
+                    out.append((b[1], a[4].replace("\\040", " ")))
+    except OSError:
+        pass
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def cleanup_stale() -> list[str]:
+    """Clusters left by a run of this suite that was killed (its storage
+    tmpfs is named after its pid, which is gone): kill the daemons started
+    with its configuration files or mount points, unmount, remove. Returns
+    the directories cleaned."""
+    done = []
+    for src, mnt in _mounts():
+        if not src.startswith(STORE_TAG) or not src[len(STORE_TAG):].isdigit():
+            continue
+        if _alive(int(src[len(STORE_TAG):])):
+            continue
+        base = os.path.dirname(mnt)
+        for name in os.listdir("/proc"):
+            if not name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{name}/cmdline", "rb") as fh:
+                    argv = fh.read().split(b"\0")
+            except OSError:
+                continue
+            if any(a.startswith(base.encode() + b"/") for a in argv):
+                try:
+                    os.kill(int(name), signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        for _, m in _mounts():
+            if m.startswith(base + "/"):
+                _run(["umount", "-l", m], timeout=20)
+        shutil.rmtree(base, ignore_errors=True)
+        done.append(base)
+    return done
+
+
 def stop_all(procs: list[Proc], grace: float) -> None:
     """SIGTERM to every process group at once (each daemon takes about a
     second to stop), SIGKILL to what is left after grace seconds."""
@@ -537,6 +596,10 @@ class Pfs(Experiment):
         if not os.path.exists(EMPTY_METADATA):
             return f"{EMPTY_METADATA} missing (package moosefs-master)"
         return None
+
+    def setup(self, ctx):
+        for base in cleanup_stale():
+            print(f"pfs: removed a cluster left by an earlier run: {base}", file=sys.stderr)
 
     def run(self, ctx, cfg, p):
         self.runs = getattr(self, "runs", 0) + 1

@@ -131,3 +131,39 @@ def test_verdict_tcp():
     assert pfs.transport_verdict(False, off, {}, DAEMONS, [], 1.0, 1.0)[:2] == ("tcp", True)
     assert not pfs.transport_verdict(False, LOADED, {}, DAEMONS, [], 1.0, 1.0)[1]
     assert not pfs.transport_verdict(False, off, {}, DAEMONS, [], 1.0, 0.9)[1]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
+def test_cleanup_stale(tmp_path):
+    """A cluster left by a killed run (its storage tmpfs names a dead pid):
+    its processes are killed, its mounts and files removed; a cluster of a
+    live run is left alone."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    bases = {}
+    for name, pid in (("dead", dead.pid), ("live", os.getpid())):
+        base = tmp_path / name
+        store = base / "store"
+        store.mkdir(parents=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m",
+                        f"{pfs.STORE_TAG}{pid}", str(store)], check=True)
+        (base / "etc").mkdir()
+        p = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              str(base / "etc" / "daemon.cfg")],
+                             start_new_session=True)
+        bases[name] = (base, store, p)
+    try:
+        cleaned = pfs.cleanup_stale()
+        base, store, p = bases["dead"]
+        assert str(base) in cleaned
+        assert p.wait(10) == -9
+        assert not pfs.mounted(str(store)) and not base.exists()
+        base, store, p = bases["live"]
+        assert str(base) not in cleaned
+        assert p.poll() is None and pfs.mounted(str(store))
+    finally:
+        for base, store, p in bases.values():
+            p.kill()
+            p.wait()
+            if pfs.mounted(str(store)):
+                subprocess.run(["umount", "-l", str(store)])
