@@ -712,6 +712,80 @@ class Pfs(Experiment):
                    "at a time, unlike PVFS's 64 KiB stripes over all servers, so more servers "
                    "help only with more clients.")
 
+    def report_extra(self, rows: list[dict]) -> list[str]:
+        """Ratios to kernel TCP per point, the CPU per GB split by role,
+        and the evidence for the SDP path and the data check."""
+        from .report import _fmt
+        use = [r for r in rows if r.get("available") and r.get("metrics")]
+        if not use:
+            return []
+        cfgs = []
+        for r in use:
+            if r["config"] not in cfgs:
+                cfgs.append(r["config"])
+        pts = []
+        for r in use:
+            if r["params"] not in pts:
+                pts.append(r["params"])
+
+        def get(cfg, p, metric):
+            for r in use:
+                if r["config"] == cfg and r["params"] == p and metric in r["metrics"]:
+                    return r["metrics"][metric]["median"]
+            return None
+
+        others = [c for c in cfgs if c != "tcp"]
+        L = ["### Ratio to `tcp` (medians), read / write", "",
+             "| servers | clients | " + " | ".join(f"`{c}`" for c in others) + " |",
+             "|---|---|" + "---|" * len(others)]
+        for p in pts:
+            cells = []
+            for c in others:
+                rr = [get(c, p, m) / get("tcp", p, m) if get(c, p, m) and get("tcp", p, m)
+                      else None for m in ("read_MBps", "write_MBps")]
+                cells.append(" / ".join(_fmt(x, 3) if x is not None else "–" for x in rr))
+            L.append(f"| {p['servers']} | {p['clients']} | " + " | ".join(cells) + " |")
+        big = max(pts, key=lambda p: (p["clients"], p["servers"]))
+        L += ["", f"### CPU-seconds per GB by process, {big['servers']} servers × "
+              f"{big['clients']} clients (medians)", "",
+              "| config | phase | " + " | ".join(ROLES) + " | all | other processes on the "
+              "machine (CPU-s/s) |", "|---|---|" + "---|" * (len(ROLES) + 2)]
+        for c in cfgs:
+            r = next((r for r in use if r["config"] == c and r["params"] == big), None)
+            if not r:
+                continue
+            e = r.get("extra", {})
+            for ph in ("write", "read"):
+                vals = [(e.get(f"{ph}_cpu_{role}_s_per_gb") or {}).get("median") for role in ROLES]
+                tot = (r["metrics"].get(f"{ph}_cpu_s_per_gb") or {}).get("median")
+                oth = (e.get("machine_other_cpu") or {}).get("median")
+                L.append(f"| `{c}` | {ph} | " + " | ".join(_fmt(v) for v in vals)
+                         + f" | {_fmt(tot)} | {_fmt(oth)} |")
+        L += ["", "### Evidence", "",
+              "| config | servers | clients | live connections (SDP / TCP) | exit totals "
+              "(SDP / TCP connections) | bytes travelled read / write | sha256 client0 |",
+              "|---|---|---|---|---|---|---|"]
+        for r in use:
+            e = r.get("extra", {})
+            conns = e.get("connections")
+            ctxt = ", ".join(f"{k} {v['sdp']}/{v['tcp']}" for k, v in conns.items()) if conns \
+                else "kernel TCP (no libsdp)"
+            ex = e.get("exit_stats")
+            etxt = ", ".join(f"{k} {v['sdp_conns']}/{v['tcp_conns']}" for k, v in ex.items()
+                             if k.startswith("mfs")) if ex else "–"
+            tr = " / ".join(f"{v:.4f}" if isinstance(v, (int, float)) else "–" for v in
+                            ((e.get("read_traveled") or {}).get("min"),
+                             (e.get("write_traveled") or {}).get("min")))
+            sha = (e.get("sha256") or {}).get("client0", "–")[:16]
+            L.append(f"| `{r['config']}` | {r['params']['servers']} | {r['params']['clients']} | "
+                     f"{ctxt} | {etxt} | {tr} | `{sha}…` |")
+        L += ["", "Live connections: `sdp stat --json` after the write phase, each connection "
+              "once; exit totals: what every daemon wrote into `SDP_STATS_DIR` when it stopped "
+              "(first repetition); bytes travelled: the chunk servers' socket bytes over the file "
+              "bytes, lowest of the repetitions; every row's clients all read back data whose "
+              "sha256 equals what they wrote (a mismatch fails the run).", ""]
+        return L
+
     def plot(self, rows, plt):
         """Paper 002 Figs 8 (read) and 9 (write): bandwidth against the
         number of I/O servers, one panel per number of clients; a third row
