@@ -338,7 +338,15 @@ CSSERV_LISTEN_PORT = {CS_BASE + i}
 
     def stop(self) -> dict:
         """Stop everything, remove the files; returns the SDP_STATS_DIR
-        totals the daemons wrote at exit, per program name."""
+        totals the daemons wrote at exit, per program name. An interrupt
+        (SIGINT, or SIGTERM to the suite) in the middle still finishes it."""
+        try:
+            return self._stop()
+        except KeyboardInterrupt:
+            self._stop()
+            raise
+
+    def _stop(self) -> dict:
         for w in self.workers:
             w.kill()
         for mnt in self.mnts:
@@ -792,7 +800,7 @@ class Pfs(Experiment):
         with the CPU per GB of every process of the run."""
         from .plots import COLORS, MARKERS
         use = [r for r in rows if r.get("available") and r.get("metrics")]
-        clients = sorted({r["params"]["clients"] for r in rows})
+        clients = sorted({r["params"]["clients"] for r in rows}) or [0]
         servers = sorted({r["params"]["servers"] for r in rows})
         fig, axes = plt.subplots(3, len(clients), figsize=(4.6 * len(clients) + 1, 11),
                                  squeeze=False)
