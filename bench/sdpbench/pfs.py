@@ -232,7 +232,10 @@ class Cluster:
     def start_storage(self) -> None:
         for d in (self.base, self.etc, self.stats_dir, self.store, *self.mnts):
             os.makedirs(d, exist_ok=True)
-        mb = (self.C * self.size * 11 // 10 + self.S * 80 * M + 256 * M) // M
+        # the files, plus room the chunk servers keep free (64 MiB each,
+        # HDD_LEAVE_SPACE_DEFAULT) and the master's space accounting needs:
+        # with 10 % and 256 MiB a single server sometimes said ENOSPC
+        mb = (self.C * self.size * 5 // 4 + self.S * 128 * M + 512 * M) // M
         rc, out, err = _run(["mount", "-t", "tmpfs", "-o", f"size={mb}m,mode=0755",
                              f"{STORE_TAG}{os.getpid()}", self.store])
         if rc != 0:
