@@ -166,7 +166,7 @@ def all_pids(cl: pfs.Cluster) -> set[int]:
 
 
 def profile_phase(cl, name, tmo, outdir, tag, use_perf) -> dict:
-    data = os.path.join(outdir, f"{tag}-{name}.perf")
+    data = os.path.join(outdir, re.sub(r"[^\w.=-]", "_", f"{tag}-{name}") + ".perf")
     rec = None
     if use_perf:
         rec = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", "999", "-a",
