@@ -184,6 +184,7 @@ EXPORT int listen(int fd, int backlog)
 	}
 	fd_set_listen(fd, l);
 	sdp_proc_note_socket();
+	listen_defer_take(fd, l && offer && !said);
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
 	if (l && offer && !said)
 		sdp_log(2, "listen fd %d: SDP offered", fd);
@@ -541,6 +542,9 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	SDP_INIT();
+	int dr;
+	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
+		return dr;
 	struct sdp_conn *c = fd_conn(fd);
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
 	    fd_kind(fd) != FDK_NONE) {
@@ -639,6 +643,9 @@ static int put_int(void *val, socklen_t *len, int v)
 EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
 	SDP_INIT();
+	int dr;
+	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_get(fd, val, len, &dr))
+		return dr;
 	struct sdp_conn *c = fd_conn(fd);
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US) {
 		int k = fd_kind(fd);
