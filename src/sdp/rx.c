@@ -78,7 +78,8 @@ static void rx_release(struct sdp_conn *c, int fd)
 	struct fab_ep *ep = &c->ep;
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by sends (tx.c), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 

@@ -196,7 +196,8 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->st.tx_bcopy_bytes += n;
 	}
 	c->st.tx_bytes += done;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by receives (rx_release), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	sdp_unlock(&c->tx_lock);
 	sdp_proc_bytes(done, 0);
 	if (done || total == 0)
