@@ -37,8 +37,8 @@
 #include "sdp/proto.h"
 #include "fabric/shm_layout.h"
 
-#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: invariant failed: %s\n", \
-				__FILE__, __LINE__, #c); abort(); } } while (0)
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "%s:%d: invariant failed: %s (errno %d)\n", \
+				__FILE__, __LINE__, #c, errno); abort(); } } while (0)
 
 static int lfd = -1;
 static uint16_t lport;                 /* network order */
@@ -148,7 +148,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		memset(h.src_addr, 0, sizeof h.src_addr);
 		uint32_t lo = htonl(INADDR_LOOPBACK);
 		memcpy(h.dst_addr, &lo, 4);
-		memcpy(h.src_addr, &lo, 4);
 		h.dst_port = lport;
 		h.flags &= SDP_HELLO_POOLED | SDP_HELLO_RETURNED | 0x100;
 	}
@@ -182,12 +181,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	}
 	int cs = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	struct sockaddr_in ca = { .sin_family = AF_INET };
-	ca.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+	/* A new loopback source address each time: millions of inputs never
+	 * meet a 4-tuple still in TIME_WAIT (ours or another program's). */
+	static uint32_t src;
+	src = src % 0xfffffd + 1;
+	ca.sin_addr.s_addr = htonl(0x7f000000u | src);
+	int one = 1;
+	setsockopt(cs, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
 	socklen_t cal = sizeof ca;
 	CHECK(cs >= 0 && bind(cs, (void *)&ca, sizeof ca) == 0 &&
 	      getsockname(cs, (void *)&ca, &cal) == 0);
-	if (fill_tuple)
+	if (fill_tuple) {
 		h.src_port = ca.sin_port;
+		memcpy(h.src_addr, &ca.sin_addr, 4);
+	}
 	if (fill_token && memfd >= 0 && off + 24 <= (uint64_t)pages * 4096) {
 		uint64_t tok;
 		CHECK(pread(memfd, &tok, 8, (off_t)off + 16) == 8);
