@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -217,11 +218,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if (twice)
 			rs[1] = send_record(rec, reclen, memfd, nfd);
 	}
-	CHECK(connect(cs, (void *)&(struct sockaddr_in){ .sin_family = AF_INET,
-		      .sin_port = lport, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) },
-		      sizeof(struct sockaddr_in)) == 0);
-	int nfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-	CHECK(nfd >= 0);
+	/* libFuzzer's SIGALRM (-timeout) may interrupt the connect: it then
+	 * goes on in the background. */
+	struct sockaddr_in la = { .sin_family = AF_INET, .sin_port = lport,
+				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	if (connect(cs, (void *)&la, sizeof la) < 0) {
+		CHECK(errno == EINTR);
+		struct pollfd p = { .fd = cs, .events = POLLOUT };
+		int e = 0;
+		socklen_t el = sizeof e;
+		while (poll(&p, 1, -1) < 0)
+			CHECK(errno == EINTR);
+		CHECK(getsockopt(cs, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0);
+	}
+	int nfd;
+	while ((nfd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC)) < 0)
+		CHECK(errno == EINTR);
 	int refuse = 0;
 	struct sdp_conn *c = sdp_hello_accept(l, nfd, &refuse);
 	if (c) {
