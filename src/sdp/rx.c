@@ -406,9 +406,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 					rx_release(c, fd);
 					atomic_store(&c->rx_eof, 1);
 				}
-				/* A peek that reached it with nothing to copy
-				 * (only control messages before it) sees EOF. */
-				fin_met = peek && copied == 0;
+				/* A peek that reached it returns what it copied
+				 * before it, or EOF (nothing is consumed, so the
+				 * FIN's position cannot tell it). */
+				fin_met = peek;
 				r = -EAGAIN;      /* stop: EOF after what we have */
 				break;
 			}

@@ -5,7 +5,8 @@
  * The SDP receive path used to re-peek the queued messages on every pass
  * while it counted what it had already copied (the 10 bytes came back
  * ten times over), and to re-check without sleeping while unconsumed
- * messages were queued (a busy loop until the rest arrived).
+ * messages were queued (a busy loop until the rest arrived, for ever if
+ * a FIN came instead: TCP returns what it has then).
  */
 #include "testlib.h"
 #include <pthread.h>
@@ -59,6 +60,20 @@ int main(void)
 	/* Nothing was consumed. */
 	tl_recv_all(s, buf, 100);
 	CHECK(memcmp(buf, pat, 100) == 0);
+	close(c);
+	close(s);
+
+	/* Less than SO_RCVLOWAT, then the FIN: the peek returns what is
+	 * there (it used to wait for ever, spinning). */
+	tl_pair(AF_INET, &c, &s);
+	expect_transport(s);
+	SYS(setsockopt(s, SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof lowat));
+	tl_send_all(c, pat, 10);
+	SYS(shutdown(c, SHUT_WR));
+	CHECK_EQ(recv(s, buf, sizeof buf, MSG_PEEK), 10);
+	CHECK(memcmp(buf, pat, 10) == 0);
+	CHECK_EQ(recv(s, buf, sizeof buf, 0), 10);
+	CHECK_EQ(recv(s, buf, sizeof buf, 0), 0);
 	close(c);
 	close(s);
 	return 0;
