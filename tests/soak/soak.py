@@ -444,13 +444,15 @@ def driver(a):
     per = a.gb * 1e9 / a.conns
     specs = [[] for _ in range(a.clients)]
     zc_thr = [16384, 65536, 262144]
+    tots = [per * rng.uniform(0.5, 1.5) for _ in range(a.conns)]
+    scale = a.gb * 1e9 / sum(tots)              # exactly --gb in all
     for i in range(a.conns):
         mode = MODES[i % 3]
-        tot = per * rng.uniform(0.5, 1.5)
+        tot = tots[i] * scale
         share = rng.uniform(0.25, 0.75)
         thresh = rng.choice(zc_thr) if mode == "zc" else rng.choice([-1, -1, 0, 65536])
-        specs[i % a.clients].append([i + 1, mode, int(tot * share), int(tot * (1 - share)),
-                                     thresh])
+        specs[i % a.clients].append([i + 1, mode, math.ceil(tot * share),
+                                     math.ceil(tot * (1 - share)), thresh])
     envs = [{}, {"SDP_ZCOPY_THRESH": "0"}, {"SDP_ZCOPY_THRESH": "16384"},
             {"SDP_ZCOPY_THRESH": "262144"}]
     logdir = Path(a.logdir or "/tmp")
