@@ -65,10 +65,15 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 	struct fab_ep *ep = &c->ep;
 	size_t cap;
 	char *buf = ep->ops->tx_buf(ep, &cap);
+	/* A peer whose counters make no sense (shutdown and close post
+	 * without checking) must not make our header break the protocol. */
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend > ep->nslots)
+		pend = ep->nslots;
 	struct sdp_bsdh h = {
 		.mid = mid,
 		.flags = 0,
-		.bufs = (uint16_t)(ep->nslots - ep->ops->rx_pending(ep)),
+		.bufs = (uint16_t)(ep->nslots - pend),
 		.len = (uint32_t)(sizeof h + len),
 		.mseq = ++c->tx_mseq,
 		.mseq_ack = (uint32_t)ep->ops->rx_seq(ep),
