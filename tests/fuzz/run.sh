@@ -8,10 +8,11 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 dir=${1:-build/fuzz}
 secs=${2:-300}
+targets=${3:-fuzz_hello fuzz_ring fuzz_policy}
 cmake -S . -B "$dir" -DSDP_FUZZ=ON -DCMAKE_C_COMPILER=clang \
       -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$dir" -j "$(nproc)"
-for t in fuzz_hello fuzz_ring fuzz_policy; do
+for t in $targets; do
     corpus="$dir/corpus-$t"
     art="$dir/artifacts/$t"
     mkdir -p "$corpus" "$art"

@@ -287,12 +287,12 @@ class Proc:
                 return None
             if ev is None:
                 return None
-            if ev[0] == word:
-                return ev
             if ev[0] == "corrupt":
                 self.corrupt = int(ev[1])
             if ev[0] == "exec":
                 self.execed = True
+            if ev[0] == word:
+                return ev
 
     def kill(self):
         try:
@@ -432,9 +432,12 @@ def driver(a):
     bad = sum(t.get("corrupt", 0) for t in trials)
     by_phase = {}
     for t in trials:
-        p = by_phase.setdefault("%s/%s" % (t["phase"], t["victim"]), {"n": 0, "hang": 0})
+        p = by_phase.setdefault("%s/%s" % (t["phase"], t["victim"]),
+                                {"n": 0, "hang": 0, "max_ms": 0})
         p["n"] += 1
         p["hang"] += bool(t.get("hang"))
+        if "latency" in t and t["end"] != "idle":
+            p["max_ms"] = max(p["max_ms"], round(1000 * t["latency"], 1))
     ends = {}
     for t in trials:
         if "end" in t:
