@@ -82,6 +82,16 @@ class Stream:
             m = min(n, 1 << 20)
             if bytes(data[:m]) != POOLB[o:o + m]:
                 self.bad += 1
+                if self.bad == 1:
+                    got, exp = bytes(data[:m]), POOLB[o:o + m]
+                    i = next(j for j in range(m) if got[j] != exp[j])
+                    # where the stream went wrong: the bytes there, and
+                    # whether they are the expected ones from elsewhere
+                    self.first_bad = "pos %d len %d got %s exp %s shift %s" % (
+                        self.pos + i, m, got[i:i + 8].hex(), exp[i:i + 8].hex(),
+                        next((d for d in range(-65536, 65537)
+                              if POOLB[(o + i + d) % POOL_LEN:(o + i + d) % POOL_LEN + 8]
+                              == got[i:i + 8]), None))
             data, n, o = data[m:], n - m, (o + m) % POOL_LEN
             self.pos += m
 
@@ -177,7 +187,7 @@ def ep_server(port, phase, seed):
     sizes = (1, 65536) if phase == "bcopy" else (1 << 20, 1 << 20)
     tx, rx, how = stream_both(s, sizes, seed * 2 + 1, seed * 2)
     if rx.bad:
-        say("corrupt", rx.bad)
+        say("corrupt", rx.bad, rx.first_bad.replace(" ", "_"))
     end(how)
 
 
@@ -240,7 +250,7 @@ def ep_client(port, phase, seed):
         sizes = (1, 65536) if phase == "bcopy" else (1 << 20, 1 << 20)
         tx, rx, how = stream_both(s, sizes, seed * 2, seed * 2 + 1)
     if rx.bad:
-        say("corrupt", rx.bad)
+        say("corrupt", rx.bad, rx.first_bad.replace(" ", "_"))
     end(how)
 
 
@@ -289,8 +299,11 @@ class Proc:
                 return None
             if ev[0] == "corrupt":
                 self.corrupt = int(ev[1])
+                self.corrupt_at = ev[2] if len(ev) > 2 else ""
             if ev[0] == "exec":
                 self.execed = True
+            if ev[0] == "image":
+                self.image_t = float(ev[1])
             if ev[0] == word:
                 return ev
 
@@ -327,8 +340,8 @@ def cpu_seconds(pid):
 
 
 def kill_trial(a, rng, i, env, wrap):
-    phase = PHASES[i % len(PHASES)]
-    victim = rng.choice(("server", "client"))
+    phase = a.phase or PHASES[i % len(PHASES)]
+    victim = a.victim or rng.choice(("server", "client"))
     seed = rng.randrange(1 << 30)
     port = free_port()
     e = dict(env)
@@ -361,7 +374,13 @@ def kill_trial(a, rng, i, env, wrap):
             else:
                 r["end"] = ev[1]
                 r["latency"] = round(float(ev[2]) - t_kill, 4)
+                if getattr(s, "image_t", 0) > t_kill:
+                    # the survivor exec'd after the kill: how much of the
+                    # latency is the new image starting
+                    r["image_start"] = round(s.image_t - t_kill, 4)
             r["corrupt"] = getattr(s, "corrupt", 0)
+            if r["corrupt"]:
+                r["corrupt_at"] = getattr(s, "corrupt_at", "")
             if phase == "handback":
                 if not getattr(srv, "execed", False):
                     srv.wait_for("exec", 0.01)
@@ -438,6 +457,9 @@ def driver(a):
         p["hang"] += bool(t.get("hang"))
         if "latency" in t and t["end"] != "idle":
             p["max_ms"] = max(p["max_ms"], round(1000 * t["latency"], 1))
+            if t["latency"] > 0.3:
+                p.setdefault("slow", []).append(
+                    {k: t[k] for k in ("latency", "end", "image_start") if k in t})
     ends = {}
     for t in trials:
         if "end" in t:
@@ -454,6 +476,7 @@ def driver(a):
         "survivor_saw": ends, "by_phase_victim": by_phase,
         "handback_killed_after_exec": sum(1 for t in trials if t.get("after_exec")),
         "hang_detail": hangs[:10], "error_detail": errs[:5],
+        "corrupt_detail": [t for t in trials if t.get("corrupt")][:10],
         "sigstop": stops,
     }
     res["ok"] = not hangs and not late and not errs and bad == 0 and not stop_bad
@@ -469,6 +492,7 @@ def main():
         (ep_server if role == "server" else ep_client)(port, phase, seed)
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "echo3":
+        say("image", "%.6f" % now())       # the exec'd image runs
         handback_echo(3, int(sys.argv[2]), int(sys.argv[3]))
         return 0
     if len(sys.argv) > 1 and sys.argv[1] == "stopper":
@@ -479,6 +503,8 @@ def main():
     ap.add_argument("--stop-seconds", type=float, default=3.0)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--tcp", action="store_true", help="plain kernel TCP (the oracle)")
+    ap.add_argument("--phase", choices=PHASES, help="only this phase")
+    ap.add_argument("--victim", choices=("server", "client"), help="always kill this end")
     ap.add_argument("--json")
     ap.add_argument("-v", "--verbose", action="store_true")
     return driver(ap.parse_args())
