@@ -362,7 +362,7 @@ def kill_trial(a, rng, i, env, wrap):
             if phase == "handback" and rng.random() < 0.6:
                 # right into the hand-back: just after the server starts it
                 srv.wait_for("exec", 3.0)
-                lo, hi = 0.0, 0.03
+                lo, hi = 0.0, a.handback_window
             time.sleep(rng.uniform(lo, hi))
             v, s = (srv, cli) if victim == "server" else (cli, srv)
             t_kill = now()
@@ -505,6 +505,8 @@ def main():
     ap.add_argument("--tcp", action="store_true", help="plain kernel TCP (the oracle)")
     ap.add_argument("--phase", choices=PHASES, help="only this phase")
     ap.add_argument("--victim", choices=("server", "client"), help="always kill this end")
+    ap.add_argument("--handback-window", type=float, default=0.03,
+                    help="aimed hand-back kills land this many seconds after the exec starts")
     ap.add_argument("--json")
     ap.add_argument("-v", "--verbose", action="store_true")
     return driver(ap.parse_args())
