@@ -171,6 +171,7 @@ def main(argv=None) -> int:
                     "warmup_runs": 1},
         "machine": mach,
         "sdp_features": ctx.sdp_features,
+        "sdp_host": ctx.sdp_host,
         "veth_offload_state": offl,
         "veth_namespaces": [n for off in (False, True) for n in netns.names(off)],
         "configs": [c.to_json() for c in configs],

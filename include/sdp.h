@@ -49,6 +49,9 @@ struct sdp_sock_stats {
 	 * arena mapped (accepting side). */
 	uint32_t region_pooled;
 	uint32_t region_reused;
+	/* zero-copy bytes moved through a bounce buffer: page-aliased
+	 * buffers on a host whose Cross Memory Attach is slow for those */
+	uint64_t zc_bounced;
 };
 
 #endif /* SDP_H */

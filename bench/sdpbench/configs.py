@@ -85,8 +85,8 @@ def all_configs() -> list[Config]:
     ]
 
 
-def sdp_features(sdp: str, timeout: float = 15.0) -> tuple[list[str] | None, str | None]:
-    """Features reported by `sdp check --json`, or (None, why not)."""
+def sdp_check(sdp: str, timeout: float = 60.0) -> tuple[dict | None, str | None]:
+    """The document `sdp check --json` prints, or (None, why not)."""
     if not os.path.exists(sdp):
         return None, f"{sdp} not built"
     try:
@@ -94,33 +94,36 @@ def sdp_features(sdp: str, timeout: float = 15.0) -> tuple[list[str] | None, str
                            timeout=timeout, errors="replace")
     except (OSError, subprocess.TimeoutExpired) as e:
         return None, f"`sdp check --json` failed: {e}"
-    for line in reversed(p.stdout.splitlines()):
-        line = line.strip()
-        if not line.startswith("{"):
+    for text in [ln.strip() for ln in reversed(p.stdout.splitlines())] + [p.stdout]:
+        if not text.startswith("{"):
             continue
         try:
-            doc = json.loads(line)
+            doc = json.loads(text)
         except ValueError:
             continue
-        feats = doc.get("features")
-        if isinstance(feats, list):
-            return [str(f) for f in feats], None
-    # maybe a multi-line JSON document
-    try:
-        doc = json.loads(p.stdout)
         if isinstance(doc, dict) and isinstance(doc.get("features"), list):
-            return [str(f) for f in doc["features"]], None
-    except ValueError:
-        pass
+            return doc, None
     msg = (p.stderr or p.stdout).strip().splitlines()
     return None, ("`sdp check --json` gave no feature list (exit %d%s)"
                   % (p.returncode, ": " + msg[-1][:160] if msg else ""))
 
 
+def sdp_features(sdp: str, timeout: float = 60.0) -> tuple[list[str] | None, str | None]:
+    """Features reported by `sdp check --json`, or (None, why not)."""
+    doc, why = sdp_check(sdp, timeout)
+    if doc is None:
+        return None, why
+    return [str(f) for f in doc["features"]], None
+
+
 def resolve(configs: list[Config], ctx, netns) -> None:
     """Mark each configuration available or not, with the reason."""
-    feats, why = sdp_features(str(ctx.sdp))
+    doc, why = sdp_check(str(ctx.sdp))
+    feats = [str(f) for f in doc["features"]] if doc else None
     ctx.sdp_features = feats
+    # What the library chose for this host (copy routine, zero-copy
+    # threshold, page-aliased zero copy), shown in every report.
+    ctx.sdp_host = doc.get("host") if doc else None
     for c in configs:
         if c.kind in ("tcp", "veth", "sdp") and not os.path.exists(ctx.perf):
             c.available, c.reason = False, f"{ctx.perf} not built"

@@ -18,6 +18,7 @@ class Ctx:
     cpus: list = field(default_factory=list)
     tmp: str = "/tmp"
     sdp_features: list | None = None
+    sdp_host: dict | None = None        # `sdp check --json` host choices
     netns: object = None
 
     @property

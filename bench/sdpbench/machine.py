@@ -7,15 +7,19 @@ import platform
 import socket
 
 
-def _cpu_model() -> str:
+def _cpuinfo(key: str) -> str | None:
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
-                if line.lower().startswith("model name"):
+                if line.lower().startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name") or platform.processor() or "unknown"
 
 
 def _mem_gib() -> float | None:
@@ -39,6 +43,7 @@ def _loadavg() -> list[float] | None:
 def describe() -> dict:
     return {
         "hostname": socket.gethostname(),
+        "cpu_vendor": _cpuinfo("vendor_id") or "unknown",
         "cpu_model": _cpu_model(),
         "cores": os.cpu_count(),
         "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,

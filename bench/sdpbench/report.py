@@ -174,7 +174,7 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
           + (" (**interrupted**, partial results)" if doc.get("interrupted") else ""),
           ""]
     L += ["## Machine", "", "| | |", "|---|---|"]
-    for k in ("hostname", "cpu_model", "cores", "cpus_allowed", "memory_gib", "kernel", "os",
+    for k in ("hostname", "cpu_vendor", "cpu_model", "cores", "cpus_allowed", "memory_gib", "kernel", "os",
               "python", "date", "loadavg_at_start"):
         L.append(f"| {k} | {m.get(k)} |")
     L += ["", "## Configurations", "", "| config | what | available |", "|---|---|---|"]
@@ -183,6 +183,15 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
         L.append(f"| `{c['name']}` | {c['description']} | {av} |")
     if doc.get("sdp_features") is not None:
         L += ["", f"`sdp check --json` features: {', '.join(doc['sdp_features']) or 'none'}"]
+    h = doc.get("sdp_host")
+    if h:
+        cp, zc = h.get("copy", {}), h.get("zcopy", {})
+        speeds = ", ".join(f"{k} {v:.1f}" for k, v in cp.get("gbps", {}).items())
+        L += ["", "Per-host choices of the library (`sdp check --json`): copy routine "
+              f"**{cp.get('routine')}** ({cp.get('source')}; GB/s through a ring: {speeds}); "
+              f"zero-copy threshold {zc.get('threshold')} bytes; page-aliased zero copy "
+              f"{zc.get('page_aliased')} (CMA 64 KiB {zc.get('cma_gbps_same_offset')} GB/s at "
+              f"the same page offset, {zc.get('cma_gbps_shifted')} shifted)."]
     L += ["", "Ratios: **× tcp** = value / value of `tcp` at the same parameters; **× raw** = "
           "value / the no-socket limit at the same message size (`raw-shm` p50 latency for "
           "latency, `raw-cma` bandwidth for bandwidth). CPU is CPU-seconds per second of the "

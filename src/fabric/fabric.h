@@ -20,18 +20,53 @@
 #ifndef SDP_FABRIC_H
 #define SDP_FABRIC_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <sys/uio.h>
+#include <time.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 struct fab_ep;
+
+/*
+ * The clock every process of the host shares, for ordering only: when
+ * did a connection's receive queue become non-empty, compared across
+ * connections of different peers (epoll reports ready members in that
+ * order, as the kernel's ready list does). On x86 the TSC: about 10 ns,
+ * where clock_gettime costs 30 and a fenced TSC read 25-30; synchronised
+ * across CPUs wherever the kernel uses it as its clocksource (where it
+ * does not, only the order of readiness reports suffers). Not fenced: a
+ * read may execute a few hundred cycles early, far less than the code
+ * between two sends. FAB_CLOCK_SLACK: a margin in its units (a few
+ * microseconds) for such reads and for skew between CPUs.
+ */
+static inline uint64_t fab_clock(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	return __rdtsc();
+#else
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define FAB_CLOCK_SLACK 8192u             /* TSC ticks: 2-4 us */
+#else
+#define FAB_CLOCK_SLACK 2000u             /* ns */
+#endif
 
 /* What a sleeping side waits for (arm/kick). */
 enum fab_wait {
 	FAB_WAIT_RX     = 1u << 0,   /* a message arrives */
 	FAB_WAIT_CREDIT = 1u << 1,   /* the peer consumed messages (credits back) */
+	FAB_WAIT_ENGINE = 1u << 2,   /* the engine's own (FAB_WAIT_ZC, conn.h) */
+	FAB_WAIT_ALL    = 0x7,       /* every bit a waiter may arm */
 };
 
 struct fab_ops {
@@ -50,6 +85,24 @@ struct fab_ops {
 	uint32_t (*rx_pending)(struct fab_ep *ep);     /* messages waiting */
 	uint64_t (*tx_seq)(struct fab_ep *ep);         /* messages posted so far */
 	uint64_t (*rx_seq)(struct fab_ep *ep);         /* messages consumed so far */
+	/* When our receive queue last went from empty to non-empty
+	 * (fab_clock; stamped by the sender as it posts into an empty queue):
+	 * with messages pending, since when we have been readable; 0 when
+	 * the stamped message was consumed already (not known). */
+	uint64_t (*rx_since)(struct fab_ep *ep);
+
+	/* Byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c), words each side
+	 * publishes for the other (RDMA writes on a network fabric):
+	 * rx_bytes - the stream bytes our application consumed (with every
+	 * release, and after partial reads while the peer's sends are
+	 * byte-limited); rcvbuf - our SO_RCVBUF as getsockopt reports it,
+	 * 0 = not set; tx_limited - our sends are byte-limited. */
+	void     (*set_rx_bytes)(struct fab_ep *ep, uint64_t bytes);
+	uint64_t (*peer_rx_bytes)(struct fab_ep *ep);
+	void     (*set_rcvbuf)(struct fab_ep *ep, uint32_t bytes);
+	uint32_t (*peer_rcvbuf)(struct fab_ep *ep);
+	void     (*set_tx_limited)(struct fab_ep *ep, bool on);
+	bool     (*peer_tx_limited)(struct fab_ep *ep);
 
 	/* RDMA by address + key (the key names the peer's memory): len bytes
 	 * at raddr, to or from our scattered buffer local[0..nlocal). Return
@@ -95,6 +148,23 @@ struct fab_ep {
 	uint32_t  slot_size;   /* bytes per receive buffer */
 	int32_t   peer_pid;    /* for RDMA by Cross Memory Attach */
 	uint32_t  flags;       /* FAB_EP_* */
+	/* What this side published in its own control block. Its own
+	 * decisions use these copies, never the shared words (which anyone
+	 * who can write the region can change); the shared words are what
+	 * the peer reads, and shm_self_sane compares the two. */
+	_Atomic uint64_t my_prod;        /* messages posted (TCP: snd_nxt) */
+	_Atomic uint64_t my_cons;        /* peer messages consumed (TCP: rcv_nxt) */
+	_Atomic uint64_t my_tokens_rcvd; /* peer tokens read off the socket */
+	_Atomic uint64_t my_rx_bytes;    /* stream bytes consumed, as published
+					  * for the byte window (TCP: copied_seq) */
+	_Atomic uint32_t my_fb;          /* enum shm_fb */
+	_Atomic uint32_t my_flags;       /* SHM_MY_*: marks we set (FIN, RST...) */
+	_Atomic uint64_t full_at; /* the peer's prod when a release of ours
+				   * found its ring full: it may wait for that
+				   * credit (0: none) */
+	_Atomic uint32_t owed_engine; /* a FAB_WAIT_ENGINE kick found the peer
+				       * not armed: it may wait for it */
+	uint32_t  pad1;
 };
 
 enum {
@@ -120,6 +190,11 @@ int  shm_region_create(uint32_t nslots, uint32_t slot_size, uint64_t token,
 int  shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 		   bool pooled);
 void shm_region_tune(uint32_t arena_slots);   /* 0: no reuse */
+/* The largest memfd an accepting side maps (bytes): a region, or an arena
+ * of regions, never exceeds it. */
+#define SHM_MEMFD_MAX (1ull << 34)
+/* Can a region of this geometry be created and accepted at all? */
+bool shm_region_fits(uint32_t nslots, uint32_t slot_size);
 /* Fields of the shared header other layers use. */
 uint64_t shm_token(struct fab_ep *ep);
 void shm_set_state(struct fab_ep *ep, uint32_t st);
@@ -131,6 +206,15 @@ void shm_set_abort(struct fab_ep *ep);
 int  shm_peer_abort(struct fab_ep *ep);
 int  shm_peer_fin_seen(struct fab_ep *ep);   /* FIN received, maybe data before it */
 bool shm_peer_sane(struct fab_ep *ep);       /* false: abort the connection */
+/* Our own control block still holds what we wrote (exactly for the words
+ * the held lock serializes: SHM_SELF_TX with tx_lock, SHM_SELF_RX with
+ * rx_lock); false: abort, the reason in shm_peer_insane_why(). */
+enum { SHM_SELF_TX = 1, SHM_SELF_RX = 2 };
+enum { SHM_MY_FIN = 1, SHM_MY_ABORT = 2, SHM_MY_RDSHUT = 4, SHM_MY_CLOSED = 8 };
+int  shm_my_abort(struct fab_ep *ep);        /* we published a reset */
+bool shm_self_sane(struct fab_ep *ep, unsigned locked);
+/* Before sleeping: a token the peer may be owed (see shm.c). */
+int  shm_kick_owed(struct fab_ep *ep, int wfd);
 const char *shm_peer_insane_why(void);       /* what the last false was about */
 void shm_set_closed(struct fab_ep *ep);      /* our socket is fully closed */
 void shm_set_rd_shut(struct fab_ep *ep);
@@ -143,10 +227,20 @@ struct sdp_zctl;
 struct sdp_zctl *shm_zc_me(struct fab_ep *ep);
 struct sdp_zctl *shm_zc_peer(struct fab_ep *ep);
 
-/* Fallback to TCP (sdp/fallback.c). */
-int  shm_peer_fb(struct fab_ep *ep);
+/* The one byte a kick writes on the TCP socket (a wake-up token). */
+#define SHM_TOKEN_BYTE 0xDB
+
+/* Fallback to TCP (sdp/fallback.c): the `fb` mark of a control block. */
+enum shm_fb {
+	SHM_FB_NONE    = 0,      /* on SDP */
+	SHM_FB_LEAVING = 1,      /* stage 1: posts and consumes nothing more;
+				  * the peer must follow */
+	SHM_FB_FINAL   = 2,      /* stage 2: tokens_sent final, fb_rx_* valid */
+};
+int  shm_peer_fb(struct fab_ep *ep);         /* enum shm_fb */
 int  shm_my_fb(struct fab_ep *ep);
-void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);
+void shm_fb_leave(struct fab_ep *ep);        /* stage 1 */
+void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off);   /* stage 2 */
 void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
 uint64_t shm_tokens_due(struct fab_ep *ep);
 void shm_tokens_took(struct fab_ep *ep, uint64_t n);

@@ -22,10 +22,16 @@
  * Wake-ups: a side about to sleep sets arm bits in its control block; the
  * other side, after progress, clears a set bit and writes one token byte to
  * the connection's TCP socket, which makes the sleeper's fd readable.
+ *
+ * Anyone who can write the region can change any word in it, ours too: a
+ * side decides only by private copies of what it wrote (struct fab_ep),
+ * checks the shared words against them (self_sane), and sends a token the
+ * peer may be owed before it sleeps (shm_kick_owed).
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -44,7 +50,7 @@
 static uint64_t tokens_due(struct fab_ep *ep)
 {
 	uint64_t sent = atomic_load(&peer(ep)->tokens_sent) & ~TOKENS_FROZEN;
-	uint64_t got = atomic_load(&me(ep)->tokens_rcvd);
+	uint64_t got = atomic_load(&ep->my_tokens_rcvd);
 	return sent > got ? sent - got : 0;
 }
 
@@ -59,9 +65,10 @@ void shm_set_pid(struct fab_ep *ep, int32_t pid) { atomic_store(&me(ep)->pid, pi
 void shm_set_fin(struct fab_ep *ep)
 {
 	struct shm_side *m = me(ep);
-	if (atomic_load(&m->fin))
+	if (atomic_load(&ep->my_flags) & SHM_MY_FIN)
 		return;
-	atomic_store(&m->fin_seq, atomic_load(&m->prod));
+	atomic_store(&m->fin_seq, atomic_load(&ep->my_prod));
+	atomic_fetch_or(&ep->my_flags, SHM_MY_FIN);   /* the copy first */
 	atomic_store(&m->fin, 1);
 }
 
@@ -70,10 +77,19 @@ int shm_peer_fin(struct fab_ep *ep)
 	struct shm_side *p = peer(ep);
 	if (!atomic_load_explicit(&p->fin, memory_order_acquire))
 		return 0;
-	return atomic_load(&me(ep)->cons) >= atomic_load(&p->fin_seq);
+	return atomic_load(&ep->my_cons) >= atomic_load(&p->fin_seq);
 }
 
-void shm_set_abort(struct fab_ep *ep) { atomic_store(&me(ep)->abort, 1); }
+void shm_set_abort(struct fab_ep *ep)
+{
+	atomic_fetch_or(&ep->my_flags, SHM_MY_ABORT);
+	atomic_store(&me(ep)->abort, 1);
+}
+
+int shm_my_abort(struct fab_ep *ep)
+{
+	return (atomic_load(&ep->my_flags) & SHM_MY_ABORT) != 0;
+}
 
 /* Everything the peer wrote in its control block must make sense with
  * what we know; if not, the caller aborts the connection. The reason of
@@ -94,18 +110,20 @@ static bool insane(const char *why)
  * bounds, an upper bound after it. (Read the other way round, a thread
  * preempted between two loads saw an honest peer as insane.)
  */
+static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked);
+
 bool shm_peer_sane(struct fab_ep *ep)
 {
 	struct shm_side *m = me(ep), *p = peer(ep);
 	/* peer's prod: never below our cons, at most nslots beyond it */
-	uint64_t mcons0 = atomic_load(&m->cons);
+	uint64_t mcons0 = atomic_load(&ep->my_cons);
 	uint64_t pprod = atomic_load(&p->prod);
-	uint64_t mcons1 = atomic_load(&m->cons);
+	uint64_t mcons1 = atomic_load(&ep->my_cons);
 	if (pprod < mcons0 || (pprod > mcons1 && pprod - mcons1 > ep->nslots))
 		return insane("messages from nowhere, or unposted");
 	/* peer's cons: never beyond our prod, at most nslots behind it */
 	uint64_t pcons0 = atomic_load(&p->cons);
-	uint64_t mprod = atomic_load(&m->prod);
+	uint64_t mprod = atomic_load(&ep->my_prod);
 	uint64_t pcons1 = atomic_load(&p->cons);
 	if (pcons0 > mprod || (mprod > pcons1 && mprod - pcons1 > ep->nslots))
 		return insane("credits for messages never sent");
@@ -114,37 +132,120 @@ bool shm_peer_sane(struct fab_ep *ep)
 	uint64_t fin_seq = atomic_load(&p->fin_seq);
 	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
 		return insane("FIN after messages that do not exist");
-	if (atomic_load(&p->fb) > 1)
+	/* a final fallback mark comes after the frozen count (stage 2) */
+	uint32_t fb = atomic_load(&p->fb);
+	if (fb > SHM_FB_FINAL ||
+	    (fb == SHM_FB_FINAL && !(atomic_load(&p->tokens_sent) & TOKENS_FROZEN)))
 		return insane("bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
-	uint64_t tr = atomic_load(&m->tokens_rcvd);
+	uint64_t tr = atomic_load(&ep->my_tokens_rcvd);
 	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
 		return insane("wake-up tokens that cannot exist");
+	if (atomic_load(&p->armed) & ~FAB_WAIT_ALL)
+		return insane("unknown wake-up request");
+	return self_sane(ep, m, 0);
+}
+
+/*
+ * Our own words, as we wrote them. Where another thread of ours may be
+ * writing a word right now, only what holds at every instant is checked:
+ * we store the private copy first, then the shared word, so a shared word
+ * read before its copy is never ahead of it. Under the lock that
+ * serializes its writers, a word must equal its copy.
+ */
+static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked)
+{
+	uint64_t sp = atomic_load(&m->prod), pp = atomic_load(&ep->my_prod);
+	uint64_t sc = atomic_load(&m->cons), pc = atomic_load(&ep->my_cons);
+	uint64_t st = atomic_load(&m->tokens_rcvd), pt = atomic_load(&ep->my_tokens_rcvd);
+	if (sp > pp || ((locked & SHM_SELF_TX) && sp != pp))
+		return insane("our message count was overwritten");
+	if (sc > pc || ((locked & SHM_SELF_RX) && sc != pc))
+		return insane("our consumed count was overwritten");
+	if (st > pt)
+		return insane("our token count was overwritten");
+	uint64_t sb = atomic_load(&m->rx_bytes), pb = atomic_load(&ep->my_rx_bytes);
+	if (sb > pb || ((locked & SHM_SELF_RX) && sb != pb))
+		return insane("our consumed byte count was overwritten");
+	uint32_t sfb = atomic_load(&m->fb), pfb = atomic_load(&ep->my_fb);
+	if (sfb > pfb || (locked == (SHM_SELF_TX | SHM_SELF_RX) && sfb != pfb))
+		return insane("our fallback mark was overwritten");
+	if (atomic_load(&m->armed) & ~FAB_WAIT_ALL)
+		return insane("our wake-up request was overwritten");
+	/* Marks we set once: the copy is stored first, so a mark read
+	 * before its copy is never set without it. One that vanished is
+	 * stored again (the peer may have missed it meanwhile: it is told
+	 * again by the kick that follows any change of ours). */
+	static const struct { uint32_t bit; size_t off; const char *what; } mk[] = {
+		{ SHM_MY_FIN, offsetof(struct shm_side, fin), "our FIN was overwritten" },
+		{ SHM_MY_ABORT, offsetof(struct shm_side, abort), "our reset mark was overwritten" },
+		{ SHM_MY_RDSHUT, offsetof(struct shm_side, rd_shut), "our SHUT_RD mark was overwritten" },
+		{ SHM_MY_CLOSED, offsetof(struct shm_side, closed), "our close mark was overwritten" },
+	};
+	for (size_t i = 0; i < sizeof mk / sizeof mk[0]; i++) {
+		_Atomic uint32_t *w = (_Atomic uint32_t *)((char *)m + mk[i].off);
+		uint32_t v = atomic_load(w);
+		bool mine = atomic_load(&ep->my_flags) & mk[i].bit;
+		if (v > 1 || (v && !mine))
+			return insane(mk[i].what);
+		if (!v && mine)
+			atomic_store(w, 1);
+	}
+	if (atomic_load(&m->fin) && atomic_load(&m->fin_seq) > pp)
+		return insane("our FIN was overwritten");
 	return true;
 }
 
+bool shm_self_sane(struct fab_ep *ep, unsigned locked)
+{
+	return self_sane(ep, me(ep), locked);
+}
+
 int shm_peer_fin_seen(struct fab_ep *ep) { return atomic_load(&peer(ep)->fin) != 0; }
-void shm_set_closed(struct fab_ep *ep) { atomic_store(&me(ep)->closed, 1); }
-void shm_set_rd_shut(struct fab_ep *ep) { atomic_store(&me(ep)->rd_shut, 1); }
+void shm_set_closed(struct fab_ep *ep)
+{
+	atomic_fetch_or(&ep->my_flags, SHM_MY_CLOSED);
+	atomic_store(&me(ep)->closed, 1);
+}
+
+void shm_set_rd_shut(struct fab_ep *ep)
+{
+	atomic_fetch_or(&ep->my_flags, SHM_MY_RDSHUT);
+	atomic_store(&me(ep)->rd_shut, 1);
+}
 int shm_peer_rd_shut(struct fab_ep *ep) { return atomic_load(&peer(ep)->rd_shut) != 0; }
 int shm_peer_closed(struct fab_ep *ep) { return atomic_load(&peer(ep)->closed) != 0; }
 /* Has the peer consumed every message we posted? */
 int shm_peer_caught_up(struct fab_ep *ep)
 {
-	return atomic_load(&peer(ep)->cons) >= atomic_load(&me(ep)->prod);
+	return atomic_load(&peer(ep)->cons) >= atomic_load(&ep->my_prod);
 }
 
-int shm_peer_fb(struct fab_ep *ep) { return atomic_load(&peer(ep)->fb) != 0; }
-int shm_my_fb(struct fab_ep *ep) { return atomic_load(&me(ep)->fb) != 0; }
+int shm_peer_fb(struct fab_ep *ep) { return (int)atomic_load(&peer(ep)->fb); }
+int shm_my_fb(struct fab_ep *ep) { return (int)atomic_load(&ep->my_fb); }
 
+/* Stage 1: we are leaving. A seq_cst store, so the fence of the kick that
+ * follows orders it before our look at the peer's arm bits (the Dekker
+ * pair of PROTOCOL.md section 9, with "we are leaving" as the progress). */
+void shm_fb_leave(struct fab_ep *ep)
+{
+	struct shm_side *m = me(ep);
+	if (atomic_load(&ep->my_fb) == SHM_FB_NONE) {
+		atomic_store(&ep->my_fb, SHM_FB_LEAVING);
+		atomic_store(&m->fb, SHM_FB_LEAVING);
+	}
+}
+
+/* Stage 2: our token count is final and our position is published. */
 void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 {
 	struct shm_side *m = me(ep);
 	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
-	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
+	atomic_store(&m->fb_rx_cons, atomic_load(&ep->my_cons));
 	m->fb_rx_off = rx_off;
-	atomic_store(&m->fb, 1);
+	atomic_store(&ep->my_fb, SHM_FB_FINAL);
+	atomic_store(&m->fb, SHM_FB_FINAL);
 }
 
 void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
@@ -155,7 +256,11 @@ void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
 }
 
 uint64_t shm_tokens_due(struct fab_ep *ep) { return tokens_due(ep); }
-void shm_tokens_took(struct fab_ep *ep, uint64_t n) { atomic_fetch_add(&me(ep)->tokens_rcvd, n); }
+void shm_tokens_took(struct fab_ep *ep, uint64_t n)
+{
+	atomic_fetch_add(&ep->my_tokens_rcvd, n);     /* copy first */
+	atomic_fetch_add(&me(ep)->tokens_rcvd, n);
+}
 
 /* Our own idx-th posted message counted from seq (for re-sending). */
 const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq)
@@ -173,9 +278,9 @@ int shm_peer_abort(struct fab_ep *ep) { return atomic_load(&peer(ep)->abort) != 
 static uint32_t shm_credits(struct fab_ep *ep)
 {
 	for (;;) {
-		uint64_t sent = atomic_load_explicit(&me(ep)->prod, memory_order_acquire);
+		uint64_t sent = atomic_load_explicit(&ep->my_prod, memory_order_acquire);
 		uint64_t acked = atomic_load_explicit(&peer(ep)->cons, memory_order_acquire);
-		if (atomic_load_explicit(&me(ep)->prod, memory_order_acquire) != sent)
+		if (atomic_load_explicit(&ep->my_prod, memory_order_acquire) != sent)
 			continue;
 		if (acked > sent || sent - acked > ep->nslots)
 			return 0;             /* nonsense from the peer: no credit */
@@ -185,26 +290,81 @@ static uint32_t shm_credits(struct fab_ep *ep)
 
 static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
 {
-	uint64_t p = atomic_load_explicit(&me(ep)->prod, memory_order_relaxed);
+	uint64_t p = atomic_load_explicit(&ep->my_prod, memory_order_relaxed);
 	*cap = ep->slot_size;
 	return ring(ep, ep->side) + (p % ep->nslots) * ep->slot_size;
 }
 
+/* Publishing into an empty ring also stamps the time and the message
+ * (post_ns, post_seq, before the release of prod): the receiver orders
+ * its ready connections by it. Streaming into a ring the peer has not
+ * emptied costs one load. */
 static int shm_post(struct fab_ep *ep, size_t len)
 {
 	(void)len;
 	struct shm_side *m = me(ep);
-	uint64_t p = atomic_load_explicit(&m->prod, memory_order_relaxed);
+	uint64_t p = atomic_load_explicit(&ep->my_prod, memory_order_relaxed);
+	if (atomic_load_explicit(&peer(ep)->cons, memory_order_acquire) == p) {
+		atomic_store_explicit(&m->post_ns, fab_clock(), memory_order_relaxed);
+		atomic_store_explicit(&m->post_seq, p, memory_order_relaxed);
+	}
+	atomic_store_explicit(&ep->my_prod, p + 1, memory_order_release);
 	atomic_store_explicit(&m->prod, p + 1, memory_order_release);
 	return 0;
+}
+
+/* The stamp holds while the stamped message is the oldest one pending.
+ * Once it is consumed, the messages behind it were posted into a queue
+ * that was not empty (or the peer emptied it between the sender's look
+ * and its post): since when we are readable is not known here (0). */
+static uint64_t shm_rx_since(struct fab_ep *ep)
+{
+	struct shm_side *p = peer(ep);
+	uint64_t seq = atomic_load_explicit(&p->post_seq, memory_order_acquire);
+	uint64_t t = atomic_load_explicit(&p->post_ns, memory_order_relaxed);
+	return seq == atomic_load_explicit(&ep->my_cons, memory_order_relaxed) ? t : 0;
+}
+
+/* ---- byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c) ----------------------- */
+
+static void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
+{
+	atomic_store_explicit(&ep->my_rx_bytes, bytes, memory_order_release);
+	atomic_store_explicit(&me(ep)->rx_bytes, bytes, memory_order_release);
+}
+
+static uint64_t shm_peer_rx_bytes(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->rx_bytes, memory_order_acquire);
+}
+
+static void shm_set_rcvbuf(struct fab_ep *ep, uint32_t bytes)
+{
+	atomic_store(&me(ep)->rcvbuf, bytes);
+}
+
+static uint32_t shm_peer_rcvbuf(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->rcvbuf, memory_order_relaxed);
+}
+
+static void shm_set_tx_limited(struct fab_ep *ep, bool on)
+{
+	if (atomic_load_explicit(&me(ep)->tx_limited, memory_order_relaxed) != on)
+		atomic_store(&me(ep)->tx_limited, on);
+}
+
+static bool shm_peer_tx_limited(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->tx_limited, memory_order_relaxed) != 0;
 }
 
 static uint32_t shm_rx_pending(struct fab_ep *ep)
 {
 	for (;;) {
-		uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_acquire);
+		uint64_t c = atomic_load_explicit(&ep->my_cons, memory_order_acquire);
 		uint64_t p = atomic_load_explicit(&peer(ep)->prod, memory_order_acquire);
-		if (atomic_load_explicit(&me(ep)->cons, memory_order_acquire) != c)
+		if (atomic_load_explicit(&ep->my_cons, memory_order_acquire) != c)
 			continue;             /* a reader of ours took some: again */
 		if (p < c || p - c > ep->nslots)
 			return UINT32_MAX;    /* corrupt: caller aborts */
@@ -220,7 +380,7 @@ static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
 		return -EPROTO;
 	if (idx >= n)
 		return -EAGAIN;
-	uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) + idx;
+	uint64_t c = atomic_load_explicit(&ep->my_cons, memory_order_relaxed) + idx;
 	*msg = ring(ep, !ep->side) + (c % ep->nslots) * ep->slot_size;
 	*cap = ep->slot_size;
 	return 0;
@@ -229,13 +389,19 @@ static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
 static int shm_rx_release(struct fab_ep *ep)
 {
 	struct shm_side *m = me(ep);
-	uint64_t c = atomic_load_explicit(&m->cons, memory_order_relaxed);
+	uint64_t c = atomic_load_explicit(&ep->my_cons, memory_order_relaxed);
+	/* Releasing into a full ring: the peer may sleep until it gets
+	 * this credit (shm_kick_owed). */
+	uint64_t pp = atomic_load_explicit(&peer(ep)->prod, memory_order_relaxed);
+	if (pp - c == ep->nslots)
+		atomic_store_explicit(&ep->full_at, pp, memory_order_relaxed);
+	atomic_store_explicit(&ep->my_cons, c + 1, memory_order_release);
 	atomic_store_explicit(&m->cons, c + 1, memory_order_release);
 	return 0;
 }
 
-static uint64_t shm_tx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->prod); }
-static uint64_t shm_rx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->cons); }
+static uint64_t shm_tx_seq(struct fab_ep *ep) { return atomic_load(&ep->my_prod); }
+static uint64_t shm_rx_seq(struct fab_ep *ep) { return atomic_load(&ep->my_cons); }
 
 /* ---- RDMA by Cross Memory Attach ---------------------------------------- */
 
@@ -276,14 +442,64 @@ static void shm_disarm(struct fab_ep *ep, unsigned what)
 	atomic_fetch_and(&me(ep)->armed, ~what);
 }
 
+static int send_token(struct fab_ep *ep, int wfd);
+
 static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 {
 	atomic_thread_fence(memory_order_seq_cst);
 	struct shm_side *p = peer(ep);
-	if (!(atomic_load_explicit(&p->armed, memory_order_relaxed) & what))
+	if (!(atomic_load_explicit(&p->armed, memory_order_relaxed) & what)) {
+		if (what & FAB_WAIT_ENGINE)
+			atomic_store(&ep->owed_engine, 1);   /* shm_kick_owed */
 		return 0;
+	}
 	if (!(atomic_fetch_and(&p->armed, ~what) & what))
 		return 0;                     /* someone else kicked already */
+	return send_token(ep, wfd);
+}
+
+/*
+ * Before we sleep: a token the peer may be owed. The peer's request to be
+ * kicked lives in shared memory, so a process that can write the region
+ * can clear it while the peer sleeps; the peer then sleeps on although we
+ * made the progress it waits for, and if we sleep too, for ever. So when
+ * the peer has not consumed all we posted, or we released into its full
+ * ring and it has posted nothing since, or a zero-copy kick of ours found
+ * it not armed, and it is not armed for that, and it has read every token
+ * we sent (none is on its way to wake it), we send one anyway. An honest peer in that state is awake and busy (it
+ * drained its tokens and did not arm); the token costs it one drain at
+ * its next sleep, and while it is unread no further one is owed.
+ */
+int shm_kick_owed(struct fab_ep *ep, int wfd)
+{
+	/* No fence of its own: callers have just armed (which fences), and
+	 * this is a safety net, not one half of a Dekker pair. A peer that
+	 * has not attached yet (or never will: it kept the connection on
+	 * TCP) is owed nothing: only a peer that armed may get a token. */
+	struct shm_side *p = peer(ep);
+	if (atomic_load(&p->pid) == 0)
+		return 0;                     /* its first write when it attaches */
+	uint64_t sent = atomic_load(&me(ep)->tokens_sent);
+	if ((sent & TOKENS_FROZEN) || atomic_load(&p->tokens_rcvd) != sent)
+		return 0;
+	uint32_t armed = atomic_load(&p->armed);
+	bool owed = !(armed & FAB_WAIT_RX) &&
+		    atomic_load(&p->cons) < atomic_load(&ep->my_prod);
+	uint64_t fa = atomic_load_explicit(&ep->full_at, memory_order_relaxed);
+	if (fa) {
+		if (atomic_load(&p->prod) == fa && !(armed & FAB_WAIT_CREDIT))
+			owed = true;
+		atomic_store_explicit(&ep->full_at, 0, memory_order_relaxed);
+	}
+	if (atomic_load_explicit(&ep->owed_engine, memory_order_relaxed) &&
+	    atomic_exchange(&ep->owed_engine, 0) && !(armed & FAB_WAIT_ENGINE))
+		owed = true;
+	return owed ? send_token(ep, wfd) : 0;
+}
+
+/* Count a token, then write it (see PROTOCOL.md section 9). */
+static int send_token(struct fab_ep *ep, int wfd)
+{
 	static const unsigned char tok = SHM_TOKEN_BYTE;
 	/* Count first, and never once the count is final (TOKENS_FROZEN):
 	 * the peer reads exactly the announced number, so after a fallback no
@@ -311,6 +527,32 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 	}
 }
 
+/* Are these bytes all wake-up tokens? */
+static bool all_tokens(const unsigned char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != SHM_TOKEN_BYTE)
+			return false;
+	return true;
+}
+
+/*
+ * A byte beyond the announced tokens while the peer is on SDP (its
+ * fallback mark not final) was not written by the peer's library: the
+ * peer writes application bytes on the TCP socket only after its mark is
+ * final, and counts every token before writing it. Such a byte (a raw
+ * system call, io_uring, a hostile peer) cannot be placed in the stream,
+ * and left unread it would keep the socket readable, so that every sleep
+ * on it returned at once: -EPROTO, the caller resets the connection.
+ * Loaded after the peek that showed the byte: a token or a final mark
+ * behind it is then visible.
+ */
+static bool stray_byte(struct fab_ep *ep)
+{
+	return tokens_due(ep) == 0 &&
+	       atomic_load(&peer(ep)->fb) != SHM_FB_FINAL;
+}
+
 static int shm_drain(struct fab_ep *ep, int wfd)
 {
 	unsigned char buf[256];
@@ -322,6 +564,13 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 					 NULL, NULL);
 			if (r == 0)
 				return 1;
+			if (r == 1 && tokens_due(ep))
+				continue;             /* a token announced meanwhile */
+			if (r == 1 && stray_byte(ep))
+				return -EPROTO;
+			if (r == 1)
+				return 0;             /* application bytes after the
+						       * peer's fallback */
 			if (r < 0 && errno != EAGAIN && errno != EINTR)
 				return -errno;
 			return 0;
@@ -330,7 +579,9 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 		long r = syscall(SYS_recvfrom, wfd, buf, want, MSG_DONTWAIT,
 				 NULL, NULL);
 		if (r > 0) {
-			atomic_fetch_add(&me(ep)->tokens_rcvd, (uint64_t)r);
+			shm_tokens_took(ep, (uint64_t)r);
+			if (!all_tokens(buf, (size_t)r))
+				return -EPROTO;   /* not ours: see stray_byte */
 			if ((size_t)r < want)
 				return 0;
 			continue;
@@ -353,6 +604,13 @@ const struct fab_ops fab_shm_ops = {
 	.rx_pending = shm_rx_pending,
 	.tx_seq     = shm_tx_seq,
 	.rx_seq     = shm_rx_seq,
+	.rx_since   = shm_rx_since,
+	.set_rx_bytes    = shm_set_rx_bytes,
+	.peer_rx_bytes   = shm_peer_rx_bytes,
+	.set_rcvbuf      = shm_set_rcvbuf,
+	.peer_rcvbuf     = shm_peer_rcvbuf,
+	.set_tx_limited  = shm_set_tx_limited,
+	.peer_tx_limited = shm_peer_tx_limited,
 	.rdma_read  = shm_rdma_read,
 	.rdma_write = shm_rdma_write,
 	.arm        = shm_arm,

@@ -15,16 +15,26 @@
 #include "sdp/proto.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 3
+#define SHM_VERSION 5
 #define SHM_HDR_SIZE 4096u
-#define SHM_TOKEN_BYTE 0xDB
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
 
 struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into our ring (TCP: snd_nxt) */
-	char pad0[56];
+	_Atomic uint64_t post_ns;     /* fab_clock() when we last posted into an
+				       * empty ring (TCP: when the skb queued to an
+				       * empty receive queue woke the reader) */
+	_Atomic uint64_t post_seq;    /* the message posted then (its prod value) */
+	_Atomic uint32_t tx_limited;  /* 1: our sends are byte-limited: publish
+				       * rx_bytes on partial reads too */
+	char pad0[36];
 	_Atomic uint64_t cons;        /* messages consumed from the peer's ring (TCP: rcv_nxt acked) */
-	char pad1[56];
+	_Atomic uint64_t rx_bytes;    /* stream bytes our application consumed
+				       * (TCP: copied_seq) */
+	_Atomic uint32_t rcvbuf;      /* SO_RCVBUF, bytes as getsockopt reports
+				       * it, if the application set it; 0 = not
+				       * set (TCP: sk_rcvbuf with SOCK_RCVBUF_LOCK) */
+	char pad1[44];
 	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
 	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
 	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
@@ -32,7 +42,7 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic int32_t  pid;         /* process that last used this side */
 	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
 	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
-	_Atomic uint32_t fb;          /* 1: this side left SDP (fallback to TCP) */
+	_Atomic uint32_t fb;          /* enum shm_fb: leaving SDP for TCP */
 	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
 	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
 	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */

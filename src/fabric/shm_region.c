@@ -102,6 +102,11 @@ void shm_region_tune(uint32_t slots)
 
 static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
 
+bool shm_region_fits(uint32_t nslots, uint32_t slot_size)
+{
+	return page_up(region_size(nslots, slot_size)) <= SHM_MEMFD_MAX;
+}
+
 static struct shm_map *map_of(const void *p)
 {
 	for (int i = 0; i < SHM_MAPS; i++)
@@ -174,6 +179,14 @@ static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
 	ep->slot_size = slot_size;
 	ep->peer_pid = 0;
 	ep->flags = flags;
+	atomic_store(&ep->my_prod, 0);        /* the control blocks are zeroed */
+	atomic_store(&ep->my_cons, 0);
+	atomic_store(&ep->my_tokens_rcvd, 0);
+	atomic_store(&ep->my_rx_bytes, 0);
+	atomic_store(&ep->my_fb, 0);
+	atomic_store(&ep->my_flags, 0);
+	atomic_store(&ep->full_at, 0);
+	atomic_store(&ep->owed_engine, 0);
 }
 
 static int memfd_new(size_t len)
@@ -242,8 +255,12 @@ static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_si
 	struct shm_map *m = map_slot();
 	if (!m)
 		return NULL;
+	/* The peer maps the whole arena: no more slots than its limit holds. */
 	size_t slot_len = page_up(region_size(nslots, slot_size));
-	size_t len = slot_len * arena_slots;
+	size_t fit = SHM_MEMFD_MAX / slot_len;
+	if (!fit)
+		return NULL;
+	size_t len = slot_len * (arena_slots < fit ? arena_slots : fit);
 	int fd = memfd_new(len);
 	if (fd < 0)
 		return NULL;
@@ -348,13 +365,27 @@ static int seals_ok(int memfd)
 			     (F_SEAL_SHRINK | F_SEAL_GROW);
 }
 
-/* A mapping of memfd from off, of its own (unmapped by shm_unmap). */
+/* A mapping of memfd from off, of its own (unmapped by shm_unmap): the
+ * rest of the memfd (a region of its own), or, for a slot of an arena we
+ * could not map whole, just that region (its header says how long). */
 static int attach_own(struct fab_ep *ep, int memfd, const struct stat *st,
-		      uint32_t side, uint64_t off)
+		      uint32_t side, uint64_t off, bool slot)
 {
 	if (!seals_ok(memfd))
 		return -EPROTO;               /* peer could truncate under us */
 	size_t len = (size_t)((uint64_t)st->st_size - off);
+	if (slot) {
+		struct shm_hdr *h = mmap(NULL, SHM_HDR_SIZE, PROT_READ, MAP_SHARED,
+					 memfd, (off_t)off);
+		if (h == MAP_FAILED)
+			return -errno;
+		uint32_t n, sz;
+		int r = hdr_check(h, len, &n, &sz);
+		munmap(h, SHM_HDR_SIZE);
+		if (r < 0)
+			return r;
+		len = region_size(n, sz);
+	}
 	void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd,
 			  (off_t)off);
 	if (base == MAP_FAILED)
@@ -374,12 +405,12 @@ int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 	struct stat st;
 	if (fstat(memfd, &st) < 0)
 		return -errno;
-	if ((size_t)st.st_size < SHM_HDR_SIZE || st.st_size > (1l << 34) ||
+	if ((size_t)st.st_size < SHM_HDR_SIZE || (uint64_t)st.st_size > SHM_MEMFD_MAX ||
 	    (off & 4095) || off > (uint64_t)st.st_size - SHM_HDR_SIZE ||
 	    (!pooled && off))
 		return -EPROTO;
 	if (!pooled)
-		return attach_own(ep, memfd, &st, side, off);
+		return attach_own(ep, memfd, &st, side, off, false);
 
 	lock();
 	struct shm_map *m = NULL;
@@ -398,7 +429,7 @@ int shm_ep_attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 		if (base == MAP_FAILED) {
 			unlock();
 			/* No room to cache it: map this region alone. */
-			return attach_own(ep, memfd, &st, side, off);
+			return attach_own(ep, memfd, &st, side, off, true);
 		}
 		*m = (struct shm_map){ .base = base, .len = (size_t)st.st_size,
 				       .dev = (uint64_t)st.st_dev,

@@ -1,32 +1,58 @@
 /*
- * calib.c - the `auto` zero-copy threshold: where, on this host, one Cross
- * Memory Attach copy plus the zero-copy handshake becomes cheaper than the
- * two Buffer Copy copies through the (cache-resident) receive buffers.
+ * calib.c - the per-host measurements behind the `auto` settings (calib.h):
  *
- * Measured once (a few milliseconds: memcpy in receive-buffer sized pieces,
- * and process_vm_readv on our own process at several sizes), then cached
- * in a small file keyed by kernel release and CPU model:
- *   $SDP_CALIB_FILE, else $XDG_CACHE_HOME/sdp-zcopy, else ~/.cache/sdp-zcopy,
- *   else /tmp/sdp-zcopy.<uid>
- * The answer is a threshold in bytes, or 0 when zero copy never pays here.
+ *   1. the copy routine for stream bytes: every candidate of copy.c copies
+ *      warm application buffers into a 2 MiB "ring" and back out, in
+ *      receive-buffer sized pieces, at three page offsets of the
+ *      application buffer (malloc puts large buffers 16 bytes into a page,
+ *      the ring's payload is 16 bytes into its slot: the aliased case is
+ *      the common one); the fastest wins, libc's memcpy unless another is
+ *      at least 10% faster;
+ *   2. Cross Memory Attach at 64 KiB with source and destination at the
+ *      same page offset and 2 KiB apart: where the first is much slower
+ *      (rep movsb in the kernel on some CPUs), zero copy between aliased
+ *      buffers goes through a bounce buffer at another offset (zcopy.c);
+ *   3. the `auto` zero-copy threshold: where one CMA copy plus the
+ *      zero-copy handshake becomes cheaper than two ring copies.
+ *
+ * A few tens of milliseconds, then cached in a small text file keyed by
+ * kernel release and CPU model:
+ *   $SDP_CALIB_FILE, else $XDG_CACHE_HOME/sdp-calib, else
+ *   ~/.cache/sdp-calib, else /tmp/sdp-calib.<uid>
+ * This file uses no part of the library but copy.c, so `sdp check` links it
+ * too.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/utsname.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
-#include "sdp/conn.h"
-#include "sdp/sys.h"
-#include "switch/log.h"
+#include "sdp/calib.h"
 
 #define ZC_HANDSHAKE_NS 8000.0   /* SrcAvail, completion and the sender
 				  * noticing it between two sends, estimate */
+#define CALIB_MAGIC "sdp-calib 2"
+
+/* The raw calls: inside the library the libc names are interposed. */
+static int r_open(const char *p, int fl, int mode) { return (int)syscall(SYS_openat, AT_FDCWD, p, fl, mode); }
+static int r_close(int fd) { return (int)syscall(SYS_close, fd); }
+static ssize_t r_read(int fd, void *b, size_t n) { return syscall(SYS_read, fd, b, n); }
+static ssize_t r_write(int fd, const void *b, size_t n) { return syscall(SYS_write, fd, b, n); }
+
+static double now_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
 
 static void cache_path(char *p, size_t n)
 {
@@ -37,62 +63,129 @@ static void cache_path(char *p, size_t n)
 	}
 	e = getenv("XDG_CACHE_HOME");
 	if (e && *e) {
-		snprintf(p, n, "%s/sdp-zcopy", e);
+		snprintf(p, n, "%s/sdp-calib", e);
 		return;
 	}
 	e = getenv("HOME");
 	if (e && *e && access(e, W_OK) == 0) {
-		snprintf(p, n, "%s/.cache/sdp-zcopy", e);
+		snprintf(p, n, "%s/.cache/sdp-calib", e);
 		return;
 	}
-	snprintf(p, n, "/tmp/sdp-zcopy.%u", (unsigned)getuid());
+	snprintf(p, n, "/tmp/sdp-calib.%u", (unsigned)getuid());
 }
 
 static void host_key(char *k, size_t n)
 {
 	struct utsname u;
-	char model[128] = "?";
+	char model[128] = "?", buf[8192];
 	uname(&u);
-	FILE *f = fopen("/proc/cpuinfo", "re");
-	if (f) {
-		char line[256];
-		while (fgets(line, sizeof line, f))
-			if (!strncmp(line, "model name", 10)) {
-				char *c = strchr(line, ':');
-				if (c)
-					snprintf(model, sizeof model, "%s", c + 2);
-				model[strcspn(model, "\n")] = 0;
-				break;
-			}
-		fclose(f);
+	int fd = r_open("/proc/cpuinfo", O_RDONLY | O_CLOEXEC, 0);
+	if (fd >= 0) {
+		ssize_t got = r_read(fd, buf, sizeof buf - 1);
+		r_close(fd);
+		buf[got > 0 ? got : 0] = 0;
+		char *m = strstr(buf, "model name");
+		char *c = m ? strchr(m, ':') : NULL;
+		if (c) {
+			c += 2;
+			size_t l = strcspn(c, "\n");
+			snprintf(model, sizeof model, "%.*s", (int)l, c);
+		}
 	}
 	snprintf(k, n, "%s|%s", u.release, model);
 }
 
-static double now_ns(void) { return (double)sdp_now_ns(); }
+/* ---- 1. the copy routine ------------------------------------------------ */
 
-/* Best of 3: ns to move n bytes with the function. */
-static double time_memcpy(char *dst, const char *src, size_t n, size_t piece)
+/* GB/s of copy in + copy out through a 2 MiB ring, app buffer at offset
+ * `aoff` in its page, best of two passes of `total` bytes. */
+static double time_copy(sdp_copy_fn f, char *app, char *out, char *ring,
+			size_t piece, size_t aoff, size_t total)
 {
 	double best = 1e30;
-	for (int r = 0; r < 3; r++) {
+	size_t ring_len = 2u << 20, win = 256u << 10;
+	for (int r = 0; r < 2; r++) {
+		size_t ro = 0, ao = 0;
 		double t = now_ns();
-		for (size_t o = 0; o < n; o += piece)
-			memcpy(dst + (o % (2u << 20)), src + o, n - o < piece ? n - o : piece);
+		for (size_t done = 0; done < total; done += piece) {
+			f(ring + ro + 16, app + aoff + ao, piece);
+			f(out + aoff + ao, ring + ro + 16, piece);
+			ro = (ro + piece + 16 + 4095) & ~(size_t)4095;
+			if (ro + piece + 16 > ring_len)
+				ro = 0;
+			ao += piece;
+			if (ao + piece > win)
+				ao = 0;
+		}
 		t = now_ns() - t;
 		if (t < best)
 			best = t;
 	}
-	return best;
+	return (double)total / best;
 }
 
-static __attribute__((unused)) double time_cma(char *dst, char *src, size_t n)
+static void measure_copy(uint32_t slot_size, struct sdp_calib *o)
+{
+	int n;
+	const struct sdp_copy_impl *im = sdp_copy_impls(&n);
+	size_t piece = slot_size > 64 ? slot_size - 16 : 1024;
+	size_t win = (256u << 10) + 8192;
+	char *app = aligned_alloc(4096, win), *out = aligned_alloc(4096, win);
+	char *ring = aligned_alloc(4096, 2u << 20);
+	o->ncopy = 0;
+	if (!app || !out || !ring)
+		goto done;
+	memset(app, 1, win);
+	memset(out, 2, win);
+	memset(ring, 3, 2u << 20);
+	static const size_t offs[] = { 16, 0, 1040 };
+	for (int i = 0; i < n; i++) {
+		if (!im[i].usable())
+			continue;
+		double inv = 0;
+		time_copy(im[i].fn, app, out, ring, piece, 16, 1u << 20);   /* warm */
+		for (size_t k = 0; k < sizeof offs / sizeof offs[0]; k++)
+			inv += 1.0 / time_copy(im[i].fn, app, out, ring, piece, offs[k], 4u << 20);
+		snprintf(o->copy_speed[o->ncopy].name, sizeof o->copy_speed[0].name, "%s",
+			 im[i].name);
+		o->copy_speed[o->ncopy].gbps = (double)(sizeof offs / sizeof offs[0]) / inv;
+		o->ncopy++;
+	}
+done:
+	free(app);
+	free(out);
+	free(ring);
+}
+
+/* libc unless another routine is at least 10% faster. */
+static void choose_copy(struct sdp_calib *o)
+{
+	double libc = 0, best = 0;
+	const char *pick = "libc";
+	for (int i = 0; i < o->ncopy; i++)
+		if (!strcmp(o->copy_speed[i].name, "libc"))
+			libc = o->copy_speed[i].gbps;
+	for (int i = 0; i < o->ncopy; i++) {
+		double g = o->copy_speed[i].gbps;
+		if (strcmp(o->copy_speed[i].name, "libc") && g > libc * 1.1 && g > best) {
+			best = g;
+			pick = o->copy_speed[i].name;
+		}
+	}
+	snprintf(o->copy, sizeof o->copy, "%s", pick);
+}
+
+/* ---- 2. and 3.: Cross Memory Attach ------------------------------------- */
+
+/* ns for one process_vm_readv of n bytes from the child's src into dst,
+ * best of `reps`; < 0 if refused. */
+static double time_cma(pid_t child, char *dst, char *src, size_t n, int reps)
 {
 	double best = 1e30;
-	for (int r = 0; r < 3; r++) {
+	for (int r = 0; r < reps; r++) {
 		struct iovec l = { dst, n }, rv = { src, n };
 		double t = now_ns();
-		if (process_vm_readv(getpid(), &l, 1, &rv, 1, 0) != (ssize_t)n)
+		if (process_vm_readv(child, &l, 1, &rv, 1, 0) != (ssize_t)n)
 			return -1;
 		t = now_ns() - t;
 		if (t < best)
@@ -101,27 +194,51 @@ static __attribute__((unused)) double time_cma(char *dst, char *src, size_t n)
 	return best;
 }
 
+/* ns to move n bytes as Buffer Copy would: copy in, copy out. */
+static double time_bcopy(sdp_copy_fn f, char *dst, const char *src, char *ring,
+			 size_t n, size_t piece)
+{
+	double best = 1e30;
+	for (int r = 0; r < 3; r++) {
+		double t = now_ns();
+		size_t stride = (piece + 16 + 4095) & ~(size_t)4095, ro = 0;
+		for (size_t o = 0; o < n; o += piece) {
+			size_t k = n - o < piece ? n - o : piece;
+			if (ro + stride > (2u << 20))
+				ro = 0;
+			char *slot = ring + ro;       /* 16 bytes into a slot */
+			ro += stride;
+			f(slot, src + o, k);
+			f(dst + o, slot, k);
+		}
+		t = now_ns() - t;
+		if (t < best)
+			best = t;
+	}
+	return best;
+}
+
 /*
- * Both paths as a streaming application sees them: the application's
- * buffers are warm; Buffer Copy copies them into and out of receive
- * buffers that stay in cache; Zero Copy reads another process's memory
- * (a forked child holding the source, as the peer would) and pays a
- * hand-off per transfer (SrcAvail, completion, and the sender noticing it:
- * ZC_HANDSHAKE_NS). The smallest size where zero copy is clearly cheaper
- * is the threshold; 0 if none up to 8 MiB.
+ * The sink reads the source as the peer's process would be read: a forked
+ * child holds the source buffer. The threshold is the smallest size where
+ * zero copy (plus ZC_HANDSHAKE_NS, plus the bounce copy where aliased
+ * buffers bounce) is clearly cheaper than Buffer Copy; 0 if none up to
+ * 8 MiB or if CMA is refused.
  */
-static uint32_t measure(void)
+static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
 {
 	size_t max = 8u << 20;
-	char *a = malloc(max), *b = malloc(max), *ring = malloc(2u << 20);
+	char *a = aligned_alloc(4096, max + 8192), *b = aligned_alloc(4096, max + 8192);
+	char *ring = aligned_alloc(4096, (2u << 20) + 4096);
 	int go[2] = { -1, -1 };
 	pid_t child = -1;
-	uint32_t th = 0;
+	o->zcopy_thresh = 0;
+	o->cma_ok = false;
 	if (!a || !b || !ring || pipe2(go, O_CLOEXEC) < 0)
 		goto out;
-	memset(a, 1, max);
-	memset(b, 2, max);
-	memset(ring, 3, 2u << 20);
+	memset(a, 1, max + 8192);
+	memset(b, 2, max + 8192);
+	memset(ring, 3, (2u << 20) + 4096);
 	/* The raw system call: not the switch's fork() (which would count
 	 * this child as holding every connection), no atfork handlers. */
 	child = (pid_t)syscall(SYS_fork);
@@ -133,86 +250,198 @@ static uint32_t measure(void)
 	}
 	if (child < 0)
 		goto out;
-	size_t slot = sdp_tun.slot_size;
+	/* Aliasing: 64 KiB at the same offset vs 2 KiB apart. */
+	double same = time_cma(child, b + 16, a + 16, 65536, 5);
+	double shifted = time_cma(child, b + 2064, a + 16, 65536, 5);
+	if (same < 0 || shifted < 0)
+		goto out;                     /* CMA refused: never */
+	o->cma_ok = true;
+	if (!fake_cma) {
+		o->cma_gbps_same = 65536 / same;
+		o->cma_gbps_shifted = 65536 / shifted;
+	}
+	o->cma_alias = o->cma_gbps_same < 0.6 * o->cma_gbps_shifted;
+	const struct sdp_copy_impl *ci = sdp_copy_find(o->copy);
+	sdp_copy_fn f = ci ? ci->fn : sdp_copy_impls(&(int){ 0 })[0].fn;
+	size_t piece = slot_size > 64 ? slot_size - 16 : 1024;
 	for (size_t n = 16384; n <= max; n *= 2) {
-		time_memcpy(b, a, n, slot);           /* warm, as a stream is */
-		double bc = time_memcpy(ring, a, n, slot) + time_memcpy(b, ring, n, slot);
-		double zc = 1e30;
-		for (int r = 0; r < 3; r++) {
-			struct iovec l = { b, n }, rv = { a, n };
-			double t = now_ns();
-			if (process_vm_readv(child, &l, 1, &rv, 1, 0) != (ssize_t)n) {
-				zc = -1;
-				break;
-			}
-			t = now_ns() - t;
-			if (t < zc)
-				zc = t;
-		}
+		time_bcopy(f, b + 16, a + 16, ring + 16, n, piece);   /* warm */
+		double bc = time_bcopy(f, b + 16, a + 16, ring + 16, n, piece);
+		/* Large malloc'd buffers sit 16 bytes into a page on both
+		 * sides: the aliased case is the common one. */
+		double zc = o->cma_alias ? time_cma(child, b + 2064, a + 16, n, 3) : 
+			    time_cma(child, b + 16, a + 16, n, 3);
 		if (zc < 0)
-			break;                    /* CMA refused: never */
+			break;
+		if (o->cma_alias) {
+			double t = now_ns();
+			f(a + 16, b + 2064, n);   /* the bounce copy (a: ours, not the child's) */
+			zc += now_ns() - t;
+		}
 		zc += ZC_HANDSHAKE_NS;
 		if (zc < bc * 0.9) {
-			th = (uint32_t)n;
+			o->zcopy_thresh = (uint32_t)n;
 			break;
 		}
 	}
 out:
 	if (child > 0) {
-		sys_close(go[1]);
+		r_close(go[1]);
 		go[1] = -1;
 		waitpid(child, NULL, 0);
 	}
 	if (go[0] >= 0)
-		sys_close(go[0]);
+		r_close(go[0]);
 	if (go[1] >= 0)
-		sys_close(go[1]);
+		r_close(go[1]);
 	free(a);
 	free(b);
 	free(ring);
-	return th;
 }
 
-uint32_t sdp_zcopy_auto(void)
+/* ---- fake numbers (tests) ----------------------------------------------- */
+
+/* "copy=libc:1.0,avx2:9.5;cma=1.2:5.1": returns which parts were given
+ * (1: copy, 2: cma). */
+static int parse_fake(const char *s, struct sdp_calib *o)
 {
-	char path[512], key[256], line[512];
-	cache_path(path, sizeof path);
-	host_key(key, sizeof key);
-	int rfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-	FILE *f = rfd >= 0 ? fdopen(rfd, "r") : NULL;
-	if (f) {
-		unsigned long th;
-		char k[300];
-		if (fgets(line, sizeof line, f) &&
-		    sscanf(line, "%lu %299[^\n]", &th, k) == 2 && !strcmp(k, key)) {
-			fclose(f);
-			return (uint32_t)th;
+	int got = 0;
+	char buf[512];
+	snprintf(buf, sizeof buf, "%s", s);
+	for (char *part = strtok(buf, ";"); part; part = strtok(NULL, ";")) {
+		if (!strncmp(part, "copy=", 5)) {
+			int n;
+			const struct sdp_copy_impl *im = sdp_copy_impls(&n);
+			o->ncopy = 0;
+			for (char *e = part + 5; *e && o->ncopy < SDP_COPY_MAX;) {
+				char name[16];
+				double g;
+				int used;
+				if (sscanf(e, "%15[^:]:%lf%n", name, &g, &used) != 2)
+					break;
+				for (int i = 0; i < n; i++)
+					if (!strcmp(im[i].name, name) && im[i].usable()) {
+						snprintf(o->copy_speed[o->ncopy].name,
+							 sizeof o->copy_speed[0].name, "%s", name);
+						o->copy_speed[o->ncopy++].gbps = g;
+					}
+				e += used;
+				if (*e == ',')
+					e++;
+			}
+			got |= 1;
+		} else if (!strncmp(part, "cma=", 4) &&
+			   sscanf(part + 4, "%lf:%lf", &o->cma_gbps_same,
+				  &o->cma_gbps_shifted) == 2) {
+			got |= 2;
 		}
-		fclose(f);
 	}
-	uint32_t th = measure();
+	return got;
+}
+
+/* ---- the cache file ----------------------------------------------------- */
+
+static bool cache_read(struct sdp_calib *o)
+{
+	char buf[2048];
+	int fd = r_open(o->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC, 0);
+	if (fd < 0)
+		return false;
+	ssize_t n = r_read(fd, buf, sizeof buf - 1);
+	r_close(fd);
+	if (n <= 0)
+		return false;
+	buf[n] = 0;
+	int have = 0;
+	char *save = NULL;
+	for (char *l = strtok_r(buf, "\n", &save); l; l = strtok_r(NULL, "\n", &save)) {
+		if (!strcmp(l, CALIB_MAGIC)) {
+			have |= 1;
+		} else if (!strncmp(l, "host ", 5)) {
+			if (strcmp(l + 5, o->host))
+				return false;
+			have |= 2;
+		} else if (sscanf(l, "zcopy_thresh %u", &o->zcopy_thresh) == 1) {
+			have |= 4;
+		} else if (!strncmp(l, "copy ", 5) && sscanf(l + 5, "%15s", o->copy) == 1) {
+			have |= 8;
+		} else if (!strncmp(l, "cma ", 4)) {
+			int ok, al;
+			if (sscanf(l + 4, "%d %d %lf %lf", &ok, &al, &o->cma_gbps_same,
+				   &o->cma_gbps_shifted) != 4)
+				return false;
+			o->cma_ok = ok;
+			o->cma_alias = al;
+			have |= 16;
+		} else if (!strncmp(l, "copy_gbps ", 10)) {
+			char *e = l + 10;
+			o->ncopy = 0;
+			char name[16];
+			double g;
+			int used;
+			while (o->ncopy < SDP_COPY_MAX &&
+			       sscanf(e, " %15s %lf%n", name, &g, &used) == 2) {
+				snprintf(o->copy_speed[o->ncopy].name,
+					 sizeof o->copy_speed[0].name, "%s", name);
+				o->copy_speed[o->ncopy++].gbps = g;
+				e += used;
+			}
+		}
+	}
+	const struct sdp_copy_impl *c = sdp_copy_find(o->copy);
+	return have == 31 && c && c->usable();
+}
+
+static void cache_write(const struct sdp_calib *o)
+{
 	char dir[512];
-	snprintf(dir, sizeof dir, "%s", path);
+	snprintf(dir, sizeof dir, "%s", o->path);
 	char *slash = strrchr(dir, '/');
 	if (slash) {
 		*slash = 0;
 		mkdir(dir, 0700);
 	}
+	char out[2048];
+	int n = snprintf(out, sizeof out, "%s\nhost %s\nzcopy_thresh %u\ncopy %s\n"
+			 "cma %d %d %.3f %.3f\ncopy_gbps", CALIB_MAGIC, o->host,
+			 o->zcopy_thresh, o->copy, o->cma_ok, o->cma_alias,
+			 o->cma_gbps_same, o->cma_gbps_shifted);
+	for (int i = 0; i < o->ncopy && n > 0 && (size_t)n < sizeof out; i++)
+		n += snprintf(out + n, sizeof out - (size_t)n, " %s %.3f",
+			      o->copy_speed[i].name, o->copy_speed[i].gbps);
+	if (n <= 0 || (size_t)n >= sizeof out - 2)
+		return;
+	out[n++] = '\n';
 	char tmp[600];
-	snprintf(tmp, sizeof tmp, "%s.%d", path, (int)getpid());
+	snprintf(tmp, sizeof tmp, "%s.%d", o->path, (int)getpid());
 	/* Never follow a link someone planted (the cache may be in /tmp). */
-	int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd >= 0) {
-		char out[400];
-		int n = snprintf(out, sizeof out, "%u %s\n", th, key);
-		bool ok = n > 0 && write(fd, out, (size_t)n) == n;
-		close(fd);
-		if (ok)
-			rename(tmp, path);
-		else
-			unlink(tmp);
+	int fd = r_open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	bool ok = r_write(fd, out, (size_t)n) == n;
+	r_close(fd);
+	if (ok)
+		rename(tmp, o->path);
+	else
+		unlink(tmp);
+}
+
+void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
+{
+	memset(o, 0, sizeof *o);
+	cache_path(o->path, sizeof o->path);
+	host_key(o->host, sizeof o->host);
+	const char *fake = getenv("SDP_CALIB_FAKE");
+	int faked = fake && *fake ? parse_fake(fake, o) : 0;
+	o->faked = faked != 0;
+	if (!faked && !force && cache_read(o)) {
+		o->cached = true;
+		return;
 	}
-	sdp_log(1, "zero-copy threshold calibrated: %u%s (cached in %s)", th,
-		th ? " bytes" : " (never: Buffer Copy is as cheap here)", path);
-	return th;
+	if (!(faked & 1))
+		measure_copy(slot_size, o);
+	choose_copy(o);
+	measure_cma(slot_size, faked & 2, o);
+	if (!faked)
+		cache_write(o);
 }

@@ -77,10 +77,13 @@ struct sdp_conn {
 	_Atomic uint32_t app_nodelay;  /* TCP_NODELAY as the application set it */
 	_Atomic uint32_t app_cork;     /* TCP_CORK as the application set it */
 	_Atomic uint32_t rcvlowat;     /* SO_RCVLOWAT (TCP: sk_rcvlowat), >= 1 */
+	_Atomic uint32_t sndbuf;       /* SO_SNDBUF in bytes as getsockopt reports it,
+					* if the application set it; 0 = not set
+					* (TCP: sk_sndbuf with SOCK_SNDBUF_LOCK).
+					* Our SO_RCVBUF is in our control block */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
-	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
-					    * accepted, answered by RST) */
+	_Atomic uint32_t reset_told;   /* the peer was kicked to see our reset */
 
 	uint32_t rx_off;               /* bytes of the head Data/SrcAvail consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
@@ -119,7 +122,9 @@ void sdp_conn_free(struct sdp_conn *c);
 void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
 void sdp_proc_region(int accepting, bool reused);
 void sdp_proc_bytes(uint64_t tx, uint64_t rx);
-void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit */
+void sdp_proc_note_socket(void);                 /* a TCP listener or connection */
+void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit, if
+						     the process had sockets */
 int  sdp_lock(pthread_mutex_t *m);
 void sdp_unlock(pthread_mutex_t *m);
 
@@ -132,6 +137,13 @@ void sdp_unlock(pthread_mutex_t *m);
  * usual case) is the watcher and sleeps unbounded: an idle connection
  * costs no CPU. */
 #define SDP_SHARED_SLICE_MS 10
+/* No library sleep on a connection lasts longer than this without a fresh
+ * look at the shared state (and a new request to be kicked), except the
+ * watcher's blocking recv(MSG_PEEK), which must stay the kernel's own for
+ * exact signal and SO_RCVTIMEO behaviour: a corruption of the region that
+ * clears a sleeper's request to be kicked then costs at most this delay
+ * where the sleep is bounded (ARCHITECTURE.md section 11). */
+#define SDP_CHECK_MS 1000
 
 /* ---- tx.c / rx.c (Buffer Copy data path) ---------------------------------- */
 ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
@@ -139,11 +151,22 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags);
 int     sdp_fionread(struct sdp_conn *c);
+/* The send window in bytes (tx.c). Without SO_SNDBUF or the peer's
+ * SO_RCVBUF set, the ring's credits are the only limit: SIZE_MAX. */
+size_t  sdp_tx_room(struct sdp_conn *c);
+bool    sdp_tx_open(struct sdp_conn *c);       /* a send can post now */
+bool    sdp_tx_writable(struct sdp_conn *c);   /* POLLOUT (TCP: sk_stream_is_writeable) */
+/* The application set SO_SNDBUF (snd) or SO_RCVBUF on fd (before the
+ * connection, on its listener, or now): take the kernel's value. */
+void    sdp_bufsize_set(struct sdp_conn *c, int fd, bool snd);
 /* Readiness as poll(2) bits, from shared state only (no syscalls). */
 unsigned sdp_events(struct sdp_conn *c);
+/* With messages pending: since when (fab_clock) - when the sender posted
+ * into our empty queue. 0 if nothing is pending. */
+uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
-void    sdp_arm(struct sdp_conn *c, unsigned events);
+void    sdp_arm(struct sdp_conn *c, int fd, unsigned events);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
@@ -178,12 +201,17 @@ extern _Thread_local uint32_t sdp_rx_revoke;
 int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 void    sdp_abort_insane(struct sdp_conn *c);
+/* The connection is reset: make sure the peer sees it (our mark + kick). */
+void    sdp_reset_tell(struct sdp_conn *c, int fd);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);
 bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);
+/* tx.c: the errno TCP reports for a reset not reported yet (0 = none):
+ * EPIPE if the peer's FIN came before it, else ECONNRESET. Once. */
+int     sdp_reset_errno(struct sdp_conn *c);
 
 /* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
 #define FAB_WAIT_ZC (1u << 2)          /* wait for RdmaRdCompl / cancel ack */
@@ -199,12 +227,13 @@ void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
-/* rx.c: the iovec elements covering stream bytes [off, off+len) of iov. */
-int     iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
-		  struct iovec *out, int max);
 const char *zc_mode_name(int mode);
-uint32_t sdp_zcopy_auto(void);                /* calib.c */
-uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` */
+uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` (calib.c) */
+/* zcopy.c: RDMA Read (write = false) or Write of n bytes at raddr to or
+ * from local[0..nlocal), through a bounce buffer where this host's Cross
+ * Memory Attach is slow between page-aliased buffers (calib.c). */
+ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int nlocal,
+		uint64_t raddr, size_t n, uint64_t key);
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
@@ -212,7 +241,13 @@ int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 void sdp_release(struct sdp_conn *c, int fd);
 
 /* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
-int  sdp_fallback(struct sdp_conn *c, int fd);
+/* *subst >= 0: the peer was gone and left bytes we had not read; every fd
+ * of this process that names c is to name *subst instead (a socket that
+ * yields them, then EOF or a reset), and *subst is then closed. */
+int  sdp_fallback(struct sdp_conn *c, int fd, int *subst);
+/* The same from inside the engine, where only fd is known: a substitute
+ * replaces fd alone (the switch turns the other fds to TCP later). */
+int  sdp_fallback_fd(struct sdp_conn *c, int fd);
 void sdp_fallback_publish(struct sdp_conn *c, int fd);
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
@@ -220,14 +255,23 @@ bool sdp_fallback_pending(struct sdp_conn *c);
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */
 struct sdp_listener;
-int  sdp_listener_open(int fd, struct sdp_listener **out);
+/* A listening socket: publish (or join, SO_REUSEPORT) its rendezvous.
+ * offer: the policy allows SDP; a SO_REUSEPORT listener that may not
+ * offer it still joins its group, to withdraw it for every member. */
+int  sdp_listener_open(int fd, bool offer, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
-/* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
-/* *refuse < 0: the client said hello but cannot be served (-errno):
- * reset the connection rather than keep it TCP on our side only. */
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse);
+/* Hellos taken from the rendezvous and kept for connections not accepted
+ * yet: each holds the client's memfd (a descriptor of ours). */
+int  sdp_listener_pending(const struct sdp_listener *l);
+/* Accepted TCP socket newfd: SDP connection if its client sent a hello.
+ * *refuse < 0: the client said hello but cannot be served (-errno, *why
+ * says why): reset the connection rather than keep it TCP on our side
+ * only. *refuse > 0: an internal connection (a listener joining the
+ * SO_REUSEPORT group woke us with it): close it unseen. */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
+				  const char **why);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
 struct sdp_connect_state {
@@ -247,6 +291,9 @@ struct sdp_tunables {
 	uint32_t zcopy_depth;          /* SrcAvails outstanding (1 = Combined) */
 	uint32_t zcopy_tail;           /* bytes of a large send sent by BCopy */
 	uint32_t zcopy_auto;           /* 1: zcopy_thresh still to be measured */
+	uint32_t copy_auto;            /* 1: the copy routine still to be chosen */
+	uint32_t calib_pending;        /* zcopy_auto || copy_auto, until resolved */
+	uint32_t cma_alias;            /* 1: bounce CMA between page-aliased buffers */
 	uint32_t nslots;
 	uint32_t slot_size;
 };

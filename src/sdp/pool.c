@@ -15,10 +15,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sdp/calib.h"
 #include "sdp/pool.h"
+#include "sdp/sys.h"
+#include "switch/log.h"
 
 static struct sdp_pool_hdr *pool;
 static struct sdp_proc *myproc;
+/* This process (since its fork) listened or connected on TCP: only then
+ * is there anything to write into SDP_STATS_DIR. */
+static _Atomic bool had_sockets;
 
 static inline struct sdp_proc *procs(void)
 {
@@ -52,15 +58,16 @@ static void proc_register(void)
 			break;
 		}
 	}
+	atomic_store(&had_sockets, false);
 	if (!myproc)
 		return;
 	memset(myproc->comm, 0, sizeof myproc->comm);
-	int fd = open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+	int fd = sys_open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
 	if (fd >= 0) {
-		ssize_t n = read(fd, myproc->comm, sizeof myproc->comm - 1);
+		ssize_t n = sys_read(fd, myproc->comm, sizeof myproc->comm - 1);
 		if (n > 0 && myproc->comm[n - 1] == '\n')
 			myproc->comm[n - 1] = 0;
-		close(fd);
+		sys_close(fd);
 	}
 	atomic_store(&myproc->sdp_conns, 0);
 	atomic_store(&myproc->tcp_conns, 0);
@@ -80,20 +87,20 @@ int sdp_pool_init(void)
 		return -errno;
 	if (ftruncate(fd, (off_t)len) < 0) {
 		int e = -errno;
-		close(fd);
+		sys_close(fd);
 		return e;
 	}
 	void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
 		int e = -errno;
-		close(fd);
+		sys_close(fd);
 		return e;
 	}
 	/* Keep the fd open: it is how `sdp stat` finds the pool. Move it high
 	 * so it does not take the numbers applications expect. */
-	int hi = fcntl(fd, F_DUPFD_CLOEXEC, 900);
+	int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, 900);
 	if (hi >= 0) {
-		close(fd);
+		sys_close(fd);
 		fd = hi;
 	}
 	pool = p;
@@ -141,16 +148,29 @@ void sdp_unlock(pthread_mutex_t *m)
 
 static pthread_once_t auto_once = PTHREAD_ONCE_INIT;
 
+/* The per-host choices (calib.c): read from the cache, or measured once. */
 static void resolve_auto(void)
 {
-	sdp_tun.zcopy_thresh = sdp_zcopy_auto();
-	__atomic_store_n(&sdp_tun.zcopy_auto, 0, __ATOMIC_RELEASE);
+	struct sdp_calib cal;
+	sdp_calib_get(sdp_tun.slot_size, false, &cal);
+	if (sdp_tun.zcopy_auto)
+		sdp_tun.zcopy_thresh = cal.zcopy_thresh;
+	if (sdp_tun.copy_auto)
+		sdp_copy_use(cal.copy);
+	sdp_tun.cma_alias = cal.cma_alias;
+	sdp_log(cal.cached ? 2 : 1, "host calibration (%s%s): copy routine %s, zero-copy "
+		"threshold %u%s, page-aliased zero copy %s", cal.cached ? "cached in " :
+		"measured, cached in ", cal.path, sdp_copy_name(), sdp_tun.zcopy_thresh,
+		sdp_tun.zcopy_thresh ? " bytes" : " (never: Buffer Copy is as cheap here)",
+		cal.cma_alias ? "bounced" : "direct");
+	__atomic_store_n(&sdp_tun.calib_pending, 0, __ATOMIC_RELEASE);
 }
 
-/* The `auto` zero-copy threshold, measured at the first SDP connection. */
+/* The `auto` zero-copy threshold (and copy routine), resolved at the
+ * first SDP connection, before its first byte is copied. */
 uint32_t sdp_zcopy_default(void)
 {
-	if (__atomic_load_n(&sdp_tun.zcopy_auto, __ATOMIC_ACQUIRE))
+	if (__atomic_load_n(&sdp_tun.calib_pending, __ATOMIC_ACQUIRE))
 		pthread_once(&auto_once, resolve_auto);
 	return sdp_tun.zcopy_thresh;
 }
@@ -191,8 +211,15 @@ void sdp_conn_free(struct sdp_conn *c)
 	atomic_store(&c->inuse, 0);
 }
 
+void sdp_proc_note_socket(void)
+{
+	if (!atomic_load_explicit(&had_sockets, memory_order_relaxed))
+		atomic_store(&had_sockets, true);
+}
+
 void sdp_proc_count(int sdp, int tcp)
 {
+	sdp_proc_note_socket();
 	if (!myproc)
 		return;
 	if (sdp)
@@ -222,10 +249,27 @@ void sdp_proc_bytes(uint64_t tx, uint64_t rx)
 
 void sdp_proc_write_stats(const char *dir)
 {
-	if (!myproc || !dir || !*dir)
+	if (!myproc || !dir || !*dir || !atomic_load(&had_sockets))
 		return;
+	/* The name is the program's to choose (prctl PR_SET_NAME): no '/' or
+	 * control characters in the file name, and JSON-escaped in the file. */
+	char name[sizeof myproc->comm], esc[sizeof myproc->comm * 6];
+	size_t k = 0;
+	name[0] = 0;
+	for (size_t i = 0; i < sizeof name - 1 && myproc->comm[i]; i++) {
+		unsigned char ch = (unsigned char)myproc->comm[i];
+		name[i] = ch == '/' || ch < 0x20 || ch == 0x7f ? '_' : (char)ch;
+		name[i + 1] = 0;
+		if (ch == '"' || ch == '\\')
+			k += (size_t)snprintf(esc + k, sizeof esc - k, "\\%c", ch);
+		else if (ch < 0x20 || ch == 0x7f)
+			k += (size_t)snprintf(esc + k, sizeof esc - k, "\\u%04x", ch);
+		else
+			esc[k++] = (char)ch;
+	}
+	esc[k] = 0;
 	char path[4096], tmp[4200];
-	snprintf(path, sizeof path, "%s/%s.%d.json", dir, myproc->comm, (int)getpid());
+	snprintf(path, sizeof path, "%s/%s.%d.json", dir, name, (int)getpid());
 	snprintf(tmp, sizeof tmp, "%s.tmp", path);
 	FILE *f = fopen(tmp, "we");
 	if (!f)
@@ -234,7 +278,7 @@ void sdp_proc_write_stats(const char *dir)
 		"\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
 		"\"regions_created\": %llu, \"regions_reused\": %llu, "
 		"\"regions_mapped\": %llu, \"mappings_reused\": %llu}\n",
-		(int)getpid(), myproc->comm,
+		(int)getpid(), esc,
 		(unsigned long long)atomic_load(&myproc->sdp_conns),
 		(unsigned long long)atomic_load(&myproc->tcp_conns),
 		(unsigned long long)atomic_load(&myproc->tx_bytes),

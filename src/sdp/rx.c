@@ -14,9 +14,11 @@
 #include <string.h>
 
 #include "sdp/conn.h"
+#include "sdp/iov.h"
 #include "sdp/proto.h"
 #include "switch/log.h"
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 
 _Thread_local uint64_t sdp_rx_seen;
@@ -76,6 +78,7 @@ static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 static void rx_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
+	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
 	/* Also written by sends (tx.c), under the other lock. */
@@ -83,39 +86,25 @@ static void rx_release(struct sdp_conn *c, int fd)
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 
-/* Scatter len bytes from src into the iovec at stream offset off. */
-static void iov_scatter(const struct iovec *iov, int n, size_t off,
-			const char *src, size_t len)
-{
-	for (int i = 0; i < n && len; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t k = iov[i].iov_len - off;
-		if (k > len)
-			k = len;
-		memcpy((char *)iov[i].iov_base + off, src, k);
-		src += k;
-		len -= k;
-		off = 0;
-	}
-}
-
 /* End-of-stream or error state when no data is pending: 0 = EOF,
- * -errno = error, 1 = nothing known (wait). */
+ * -errno = error, 1 = nothing known (wait). As in TCP, once the peer's
+ * FIN is in, reads say EOF: an error that came after it (the reset that
+ * answers data sent to a closed peer) is for sends and SO_ERROR. */
 static int rx_end_state(struct sdp_conn *c)
 {
 	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
+	if (atomic_load(&c->rx_eof) || shm_peer_fin(&c->ep))
+		return 0;
 	int e = atomic_exchange(&c->so_error, 0);
 	if (e)
 		return -e;
-	if (sdp_is_reset(c))
-		return sdp_take_reset(c) ? -ECONNRESET : 0;
-	if (atomic_load(&c->rx_eof) || shm_peer_fin(&c->ep) ||
-	    atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
+	if (sdp_is_reset(c)) {
+		e = sdp_reset_errno(c);
+		return e ? -e : 0;
+	}
+	if (atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
 		return 0;
 	return 1;
 }
@@ -126,28 +115,6 @@ static bool data_pending(struct sdp_conn *c)
 	struct sdp_bsdh h;
 	const char *pl;
 	return rx_hdr(c, 0, &h, &pl) == 0 && h.mid == SDP_MID_DATA;
-}
-
-/* Build the local iovec for stream bytes [off, off+len) of iov. */
-int iov_slice(const struct iovec *iov, int n, size_t off, size_t len,
-		     struct iovec *out, int max)
-{
-	int k = 0;
-	for (int i = 0; i < n && len && k < max; i++) {
-		if (off >= iov[i].iov_len) {
-			off -= iov[i].iov_len;
-			continue;
-		}
-		size_t m = iov[i].iov_len - off;
-		if (m > len)
-			m = len;
-		out[k].iov_base = (char *)iov[i].iov_base + off;
-		out[k].iov_len = m;
-		k++;
-		len -= m;
-		off = 0;
-	}
-	return k;
 }
 
 /*
@@ -257,7 +224,7 @@ static ssize_t rx_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t 
 		for (int i = 0; i < ln; i++)
 			cap += lv[i].iov_len;
 		n = cap < n ? cap : n;
-		got = ep->ops->rdma_read(ep, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
+		got = zc_rdma(c, false, lv, ln, sa.addr + off, n, (uint64_t)sa.key);
 		if (got < 0) {
 			errno = (int)-got;
 			got = -1;
@@ -632,12 +599,27 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				sdp_conn_abort(c, ECONNRESET);
 				break;
 			}
-			__builtin_ia32_pause();
+			/* The write takes one copy's time; past a millisecond
+			 * (a stopped source, or a state a third process wrote),
+			 * wait without taking the CPU. */
+			if (sdp_now_ns() + 1999000000ull > deadline) {
+				struct timespec nap = { 0, 200000 };
+				nanosleep(&nap, NULL);
+			} else {
+				__builtin_ia32_pause();
+			}
 		}
 	}
 	if (!peek)
 		c->st.rx_bytes += copied;
+	if (!peek && copied && c->rx_off && c->ep.ops->peer_tx_limited(&c->ep)) {
+		/* Part of a message read: a byte-limited sender may go on
+		 * (a released message published its bytes already). */
+		c->ep.ops->set_rx_bytes(&c->ep, c->rx_stream);
+		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
+	}
 	sdp_unlock(&c->rx_lock);
+	sdp_reset_tell(c, fd);
 	if (!peek)
 		sdp_proc_bytes(0, copied);
 	if (copied)
@@ -683,7 +665,8 @@ unsigned sdp_events(struct sdp_conn *c)
 	sdp_check_peer(c);
 	if (sdp_is_reset(c))
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
-		       (atomic_load(&c->err_reported) ? 0 : POLLERR);
+		       (atomic_load(&c->err_reported) && !atomic_load(&c->so_error) ?
+			0 : POLLERR);
 	uint32_t pend = ep->ops->rx_pending(ep);
 	if (pend == UINT32_MAX)
 		return POLLIN | POLLERR | POLLHUP;
@@ -698,7 +681,7 @@ unsigned sdp_events(struct sdp_conn *c)
 	if (atomic_load(&c->so_error))
 		ev |= POLLERR;
 	bool wr_closed = atomic_load(&c->tx_shut);
-	if (ep->ops->credits(ep) || wr_closed || atomic_load(&c->peer_gone) ||
+	if (sdp_tx_writable(c) || wr_closed || atomic_load(&c->peer_gone) ||
 	    shm_peer_closed(ep))
 		ev |= POLLOUT | POLLWRNORM;
 	if (wr_closed && rd_closed)
@@ -706,7 +689,16 @@ unsigned sdp_events(struct sdp_conn *c)
 	return ev;
 }
 
-void sdp_arm(struct sdp_conn *c, unsigned events)
+uint64_t sdp_ready_since(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend == 0 || pend == UINT32_MAX)
+		return 0;
+	return ep->ops->rx_since(ep);
+}
+
+void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 {
 	unsigned what = 0;
 	if (events & (POLLIN | POLLRDNORM | POLLRDHUP))
@@ -714,4 +706,5 @@ void sdp_arm(struct sdp_conn *c, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
+	shm_kick_owed(&c->ep, fd);            /* we may sleep now */
 }

@@ -9,6 +9,7 @@
 #ifndef SDP_SYS_H
 #define SDP_SYS_H
 
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -17,6 +18,8 @@
 #include <unistd.h>
 
 static inline int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
+static inline int sys_open(const char *path, int flags) { return (int)syscall(SYS_openat, AT_FDCWD, path, flags, 0); }
+static inline ssize_t sys_read(int fd, void *b, size_t n) { return syscall(SYS_read, fd, b, n); }
 static inline int sys_fcntl(int fd, int cmd, long arg) { return (int)syscall(SYS_fcntl, fd, cmd, arg); }
 static inline int sys_socket(int d, int t, int p) { return (int)syscall(SYS_socket, d, t, p); }
 static inline int sys_bind(int fd, const void *a, socklen_t l) { return (int)syscall(SYS_bind, fd, a, l); }

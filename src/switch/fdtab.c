@@ -18,7 +18,7 @@
 #include "sdp/sys.h"
 
 static struct fdent *tab;
-static int tabsize;
+static _Atomic int tabsize;                 /* 0 in pass-through (sandbox.c) */
 static _Atomic uint32_t *holds;             /* fds per connection slot */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Atomic int hiwater;                 /* highest fd ever marked + 1 */
@@ -47,20 +47,22 @@ static void tab_init(void)
 	if (p == MAP_FAILED || h == MAP_FAILED)
 		return;
 	holds = h;
-	tabsize = (int)n;
 	tab = p;
+	atomic_store(&tabsize, (int)n);
+	if (atomic_load(&sdp_passthru))     /* raced with fd_passthru */
+		atomic_store(&tabsize, 0);
 }
 
 struct fdent *fd_get(int fd)
 {
 	if (__builtin_expect(!tab, 0))
 		pthread_once(&once, tab_init);
-	if (fd < 0 || fd >= tabsize)
+	if (fd < 0 || fd >= atomic_load_explicit(&tabsize, memory_order_relaxed))
 		return NULL;
 	return &tab[fd];
 }
 
-int fd_table_size(void) { return tabsize; }
+int fd_table_size(void) { return atomic_load_explicit(&tabsize, memory_order_relaxed); }
 
 void conn_hold(struct sdp_conn *c)
 {
@@ -179,6 +181,16 @@ void fd_forget(int fd)
 
 void fd_fallback(int fd, struct sdp_conn *c)
 {
+	fd_fallback_for(fd, c, NULL);
+}
+
+void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
+{
+	if (!atomic_load(&c->fb_done))
+		sdp_log(2, "fd %d: leaving SDP for TCP (%s)", fd,
+			shm_peer_fb(&c->ep) && !shm_my_fb(&c->ep) ?
+			"the peer left SDP: its program exec'd or passed the socket on" :
+			why ? why : "handed back to TCP");
 	if (!atomic_load(&c->fb_done) && !shm_peer_fb(&c->ep)) {
 		/* If the other end of this connection is ours too (both ends
 		 * in one process, maybe one thread), it cannot answer while
@@ -190,15 +202,26 @@ void fd_fallback(int fd, struct sdp_conn *c)
 			    !sdp_same_conn_peer(c, p))
 				continue;
 			sdp_fallback_publish(c, fd);
-			fd_fallback(i, p);
+			fd_fallback_for(i, p, "its peer in this process leaves SDP");
 			break;
 		}
 	}
-	sdp_fallback(c, fd);
+	int subst;
+	sdp_fallback(c, fd, &subst);
 	int hi = atomic_load(&hiwater);
-	for (int i = 0; i < hi; i++)
-		if (atomic_load(&tab[i].kind) == FDK_SDP && tab[i].c == c)
-			atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	for (int i = 0; i < hi; i++) {
+		if (atomic_load(&tab[i].kind) != FDK_SDP || tab[i].c != c)
+			continue;
+		if (subst >= 0) {
+			/* The peer is gone: the fd now names the socket that
+			 * delivers what it left (same close-on-exec flag). */
+			int fl = sys_fcntl(i, F_GETFD, 0);
+			syscall(SYS_dup3, subst, i, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+		}
+		atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	}
+	if (subst >= 0)
+		sys_close(subst);
 	/* The rings stay mapped until close: this may be a vfork child that
 	 * shares our address space with its parent. */
 }
@@ -220,21 +243,57 @@ void fd_before_exec_with(const int *extra, int nextra)
 	int hi = atomic_load(&hiwater);
 	for (int fd = 0; fd < hi; fd++) {
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
-			if (inherited(fd, extra, nextra))
+			if (inherited(fd, extra, nextra)) {
+				sdp_log(2, "listen fd %d: SDP withdrawn, new connections "
+					"TCP (the listener is inherited across exec)", fd);
 				sdp_listener_withdraw(tab[fd].l);
+			}
 			continue;
 		}
 		struct sdp_conn *c = tab[fd].c;
 		if (atomic_load(&tab[fd].kind) != FDK_SDP || !c)
 			continue;
-		if (inherited(fd, extra, nextra))
-			fd_fallback(fd, c);   /* the new program gets plain TCP */
+		if (inherited(fd, extra, nextra))   /* the new program gets plain TCP */
+			fd_fallback_for(fd, c, "inherited across exec");
 	}
 }
 
 void fd_before_exec(void)
 {
 	fd_before_exec_with(NULL, 0);
+}
+
+int fd_leave_all(void)
+{
+	if (!tab)
+		return 0;
+	int n = 0, hi = atomic_load(&hiwater);
+	for (int fd = 0; fd < hi; fd++) {
+		struct sdp_conn *c = tab[fd].c;
+		if (atomic_load(&tab[fd].kind) == FDK_SDP && c) {
+			/* every fd naming c becomes TCP */
+			fd_fallback_for(fd, c, "the process installs a seccomp filter");
+			n++;
+		}
+	}
+	epoll_leave_all();
+	for (int fd = 0; fd < hi; fd++)
+		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
+			sdp_log(2, "listen fd %d: SDP withdrawn, new connections TCP "
+				"(the process installs a seccomp filter)", fd);
+			sdp_listener_withdraw(tab[fd].l);
+		}
+	for (int fd = 0; fd < hi; fd++)
+		if (atomic_load(&tab[fd].kind) != FDK_NONE)
+			fd_forget(fd);
+	return n;
+}
+
+/* Called after sdp_passthru is set: every lookup misses from now on (a
+ * table made meanwhile ends up empty too, see tab_init). */
+void fd_passthru(void)
+{
+	atomic_store(&tabsize, 0);
 }
 
 void fd_dup(int oldfd, int newfd)

@@ -93,10 +93,13 @@ static void before_pass(const struct msghdr *m)
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
 			struct sdp_conn *c = fd_conn(fd);
 			if (c)
-				fd_fallback(fd, c);
+				fd_fallback_for(fd, c, "passed to another process (SCM_RIGHTS)");
 			struct fdent *e = fd_get(fd);
-			if (e && atomic_load(&e->kind) == FDK_LISTEN && e->l)
+			if (e && atomic_load(&e->kind) == FDK_LISTEN && e->l) {
+				sdp_log(2, "listen fd %d: SDP withdrawn, new connections TCP "
+					"(passed to another process with SCM_RIGHTS)", fd);
 				sdp_listener_withdraw(e->l);
+			}
 		}
 	}
 }

@@ -18,7 +18,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
+
+#include "sdp/sys.h"
 
 #define MAX_FIELDS   8              /* fields kept; more are only counted */
 #define MAX_FILE     (16u << 20)    /* refuse policy files above 16 MiB */
@@ -36,11 +39,13 @@ struct rule {
 	uint8_t glob_kind;
 	uint16_t port_lo, port_hi;
 	uint8_t addr[16];       /* network order, host bits cleared */
+	unsigned long line;     /* line of the file, for reports */
 };
 
 struct setting {                /* newest first, so the last "set" wins */
 	struct setting *next;
 	const char *value;      /* points into name[] */
+	unsigned long line;     /* line of the file, for reports */
 	char name[];
 };
 
@@ -48,6 +53,7 @@ struct sdp_policy {
 	struct rule *rules;
 	int nrules, rules_cap;
 	struct setting *sets;
+	char *fname;            /* as given to the parser ("policy" if none) */
 };
 
 /* ---- small helpers -------------------------------------------------------- */
@@ -209,7 +215,7 @@ static int add_rule(struct sdp_policy *p, const struct rule *r)
 	return 0;
 }
 
-static int parse_use(struct sdp_policy *p, char **f, int n,
+static int parse_use(struct sdp_policy *p, char **f, int n, unsigned long lineno,
 		     char *why, size_t whylen)
 {
 	struct rule r;
@@ -218,6 +224,7 @@ static int parse_use(struct sdp_policy *p, char **f, int n,
 	if (n != 5)
 		return WHY("'use' expects 4 fields, got %d", n - 1);
 	memset(&r, 0, sizeof(r));
+	r.line = lineno;
 
 	if (strcmp(f[1], "sdp") == 0)
 		r.use = SDP_USE_SDP;
@@ -256,7 +263,7 @@ static int parse_use(struct sdp_policy *p, char **f, int n,
 	return ret;
 }
 
-static int parse_set(struct sdp_policy *p, char **f, int n,
+static int parse_set(struct sdp_policy *p, char **f, int n, unsigned long lineno,
 		     char *why, size_t whylen)
 {
 	struct setting *s;
@@ -273,6 +280,7 @@ static int parse_set(struct sdp_policy *p, char **f, int n,
 		return -ENOMEM;
 	memcpy(s->name, f[1], nlen);
 	s->value = strcpy(s->name + nlen, f[2]);
+	s->line = lineno;
 	s->next = p->sets;
 	p->sets = s;
 	return 0;
@@ -281,7 +289,7 @@ static int parse_set(struct sdp_policy *p, char **f, int n,
 /* One line, NUL-terminated, writable, without its '\n'. len counts the bytes
  * of the line in the buffer (a NUL byte before len is a binary file). */
 static int parse_line(struct sdp_policy *p, char *line, size_t len,
-		      char *why, size_t whylen)
+		      unsigned long lineno, char *why, size_t whylen)
 {
 	char *f[MAX_FIELDS];
 	char *s, *hash;
@@ -307,9 +315,9 @@ static int parse_line(struct sdp_policy *p, char *line, size_t len,
 	if (n == 0)
 		return 0;
 	if (strcmp(f[0], "use") == 0)
-		return parse_use(p, f, n, why, whylen);
+		return parse_use(p, f, n, lineno, why, whylen);
 	if (strcmp(f[0], "set") == 0)
-		return parse_set(p, f, n, why, whylen);
+		return parse_set(p, f, n, lineno, why, whylen);
 	return WHY("unknown keyword '%.*s%s' (use or set)", SHOW(f[0]));
 }
 
@@ -335,6 +343,11 @@ static struct sdp_policy *parse_buf(char *buf, size_t len, const char *fname,
 
 	if (!p)
 		return NULL;
+	p->fname = strdup(fname ? fname : "policy");
+	if (!p->fname) {
+		free(p);
+		return NULL;
+	}
 	buf[len] = '\0';
 	while (pos < len) {
 		char *line = buf + pos, *nl = memchr(line, '\n', len - pos);
@@ -347,7 +360,7 @@ static struct sdp_policy *parse_buf(char *buf, size_t len, const char *fname,
 		line[ll] = '\0';
 		if (ll && line[ll - 1] == '\r')
 			line[--ll] = '\0';
-		ret = parse_line(p, line, ll, why, sizeof(why));
+		ret = parse_line(p, line, ll, lineno, why, sizeof(why));
 		if (ret == -ENOMEM) {
 			sdp_policy_free(p);
 			return NULL;
@@ -376,34 +389,65 @@ struct sdp_policy *sdp_policy_parse(const char *text, const char *fname,
 	return p;
 }
 
+/* Why a file cannot serve as the policy: only regular files are read (a
+ * FIFO would block the process, a device might do anything on open). */
+static int check_file(const struct stat *st)
+{
+	if (S_ISDIR(st->st_mode))
+		return -EISDIR;
+	if (!S_ISREG(st->st_mode))
+		return SDP_POLICY_ENOTREG - (int)((st->st_mode & S_IFMT) >> 12);
+	if (st->st_size > (off_t)MAX_FILE)
+		return -EFBIG;
+	return 0;
+}
+
 struct sdp_policy *sdp_policy_load(const char *path, sdp_policy_err_fn err,
 				   void *arg, int *error)
 {
 	struct sdp_policy *p = NULL;
 	size_t len = 0, cap = 0;
 	char *buf = NULL, *nb;
-	int fd, ret = 0;
+	int fd = -1, ret = 0;
 	ssize_t r;
+	struct stat st;
 
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* Look before opening (a device is never opened), then check what
+	 * was opened (the name may have changed meanwhile). O_NONBLOCK: an
+	 * open of a FIFO without a writer must not wait. */
+	if (stat(path, &st) < 0) {
+		ret = -errno;
+		goto out;
+	}
+	if ((ret = check_file(&st)) < 0)
+		goto out;
+	fd = sys_open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
 	if (fd < 0) {
 		ret = -errno;
 		goto out;
 	}
+	if (fstat(fd, &st) < 0) {
+		ret = -errno;
+		goto out;
+	}
+	if ((ret = check_file(&st)) < 0)
+		goto out;
 	for (;;) {
 		if (len == cap) {
-			if (cap >= MAX_FILE) {
-				ret = -EFBIG;
+			if (len > MAX_FILE) {
+				ret = -EFBIG;     /* grew while we read it */
 				goto out;
 			}
 			cap = cap ? cap * 2 : 4096;
+			if (cap > MAX_FILE + 1)
+				cap = MAX_FILE + 1;
 			if (!(nb = realloc(buf, cap + 1))) {
 				ret = -ENOMEM;
 				goto out;
 			}
 			buf = nb;
 		}
-		r = read(fd, buf + len, cap - len);
+		r = sys_read(fd, buf + len, cap - len);
 		if (r > 0)
 			len += (size_t)r;
 		else if (r == 0)
@@ -417,11 +461,28 @@ struct sdp_policy *sdp_policy_load(const char *path, sdp_policy_err_fn err,
 		ret = -ENOMEM;
 out:
 	if (fd >= 0)
-		close(fd);
+		sys_close(fd);
 	free(buf);
 	if (error)
 		*error = ret;
 	return p;
+}
+
+const char *sdp_policy_strerror(int error)
+{
+	static const char *const kind[16] = {
+		[S_IFIFO >> 12] = "a FIFO, not a regular file",
+		[S_IFCHR >> 12] = "a character device, not a regular file",
+		[S_IFBLK >> 12] = "a block device, not a regular file",
+		[S_IFSOCK >> 12] = "a socket, not a regular file",
+	};
+	if (error <= SDP_POLICY_ENOTREG && error > SDP_POLICY_ENOTREG - 16) {
+		const char *k = kind[SDP_POLICY_ENOTREG - error];
+		return k ? k : "not a regular file";
+	}
+	if (error == -EFBIG)
+		return "larger than 16 MiB";
+	return strerror(-error);
 }
 
 static int prefix_match(const uint8_t *a, const uint8_t *net, unsigned prefix)
@@ -439,9 +500,18 @@ enum sdp_use sdp_policy_match(const struct sdp_policy *p, enum sdp_role role,
 			      const char *prog, const struct sockaddr *addr,
 			      socklen_t addrlen)
 {
+	return sdp_policy_lookup(p, role, prog, addr, addrlen, NULL);
+}
+
+enum sdp_use sdp_policy_lookup(const struct sdp_policy *p, enum sdp_role role,
+			       const char *prog, const struct sockaddr *addr,
+			       socklen_t addrlen, unsigned long *line)
+{
 	const uint8_t *a4 = NULL, *a6 = NULL;
 	unsigned port;
 
+	if (line)
+		*line = 0;
 	if (!p || !addr || addrlen < sizeof(sa_family_t))
 		return SDP_USE_TCP;
 	if (addr->sa_family == AF_INET && addrlen >= sizeof(struct sockaddr_in)) {
@@ -477,6 +547,8 @@ enum sdp_use sdp_policy_match(const struct sdp_policy *p, enum sdp_role role,
 			continue;
 		if (r->glob_kind == GLOB_PATTERN && fnmatch(r->glob, prog, 0) != 0)
 			continue;
+		if (line)
+			*line = r->line;
 		return (enum sdp_use)r->use;
 	}
 	return SDP_USE_TCP;
@@ -485,14 +557,27 @@ enum sdp_use sdp_policy_match(const struct sdp_policy *p, enum sdp_role role,
 int sdp_policy_setting(const struct sdp_policy *p, const char *name,
 		       const char **value)
 {
+	return sdp_policy_setting_at(p, name, value, NULL);
+}
+
+int sdp_policy_setting_at(const struct sdp_policy *p, const char *name,
+			  const char **value, unsigned long *line)
+{
 	for (const struct setting *s = p ? p->sets : NULL; s && name; s = s->next) {
 		if (strcmp(s->name, name) == 0) {
 			if (value)
 				*value = s->value;
+			if (line)
+				*line = s->line;
 			return 0;
 		}
 	}
 	return -ENOENT;
+}
+
+const char *sdp_policy_file(const struct sdp_policy *p)
+{
+	return p && p->fname ? p->fname : "policy";
 }
 
 int sdp_policy_nrules(const struct sdp_policy *p)
@@ -512,5 +597,6 @@ void sdp_policy_free(struct sdp_policy *p)
 		free(s);
 	}
 	free(p->rules);
+	free(p->fname);
 	free(p);
 }

@@ -27,28 +27,53 @@ static int64_t ts_to_ns(const struct timespec *t)
 	return t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1;
 }
 
-/* Readiness of the SDP members; returns how many are ready. A member
- * that falls back to TCP stops being watched (watch may be NULL). */
+/* Readiness of SDP member i into its revents. A member that falls back
+ * to TCP stops being watched (watch may be NULL). */
+static unsigned sdp_look(struct pollfd *fds, nfds_t i, struct sdp_conn **cs, bool *watch)
+{
+	if (sdp_fallback_pending(cs[i])) {
+		if (watch && watch[i]) {
+			sdp_unwatch(cs[i]);
+			watch[i] = false;
+		}
+		fd_fallback(fds[i].fd, cs[i]);
+		cs[i] = NULL;                 /* polled by the kernel from now on */
+		return 0;
+	}
+	zc_ack_cancel(cs[i], fds[i].fd);
+	unsigned ev = sdp_events(cs[i]) & ((unsigned)fds[i].events | ALWAYS);
+	fds[i].revents = (short)ev;
+	return ev;
+}
+
+/* Readiness of the SDP members; returns how many are ready. Like the
+ * kernel's, a poll that reports a member ready also reports every member
+ * whose bytes arrived before: a member checked early in the scan may have
+ * become ready after its check but before one found ready later. When a
+ * member found ready became so that recently (the sender's stamp,
+ * fab_clock), the members checked before it are looked at once more. */
 static int sdp_scan(struct pollfd *fds, nfds_t n, struct sdp_conn **cs, bool *watch)
 {
 	int ready = 0;
+	uint64_t now = fab_clock(), newest = 0;
+	nfds_t last = 0;
 	for (nfds_t i = 0; i < n; i++) {
 		if (!cs[i])
 			continue;
-		if (sdp_fallback_pending(cs[i])) {
-			if (watch && watch[i]) {
-				sdp_unwatch(cs[i]);
-				watch[i] = false;
-			}
-			fd_fallback(fds[i].fd, cs[i]);
-			cs[i] = NULL;             /* polled by the kernel from now on */
+		unsigned ev = sdp_look(fds, i, cs, watch);
+		if (!ev)
 			continue;
+		ready++;
+		last = i;
+		if (ev & POLLIN) {
+			uint64_t t = sdp_ready_since(cs[i]);
+			newest = t > newest ? t : newest;
 		}
-		zc_ack_cancel(cs[i], fds[i].fd);
-		unsigned ev = sdp_events(cs[i]) & ((unsigned)fds[i].events | ALWAYS);
-		fds[i].revents = (short)ev;
-		ready += ev != 0;
 	}
+	if (ready && newest + FAB_CLOCK_SLACK > now)
+		for (nfds_t i = 0; i < last; i++)
+			if (cs[i] && !fds[i].revents)
+				ready += sdp_look(fds, i, cs, watch) != 0;
 	return ready;
 }
 
@@ -83,8 +108,20 @@ static int merge_others(struct pollfd *fds, nfds_t n, struct sdp_conn **cs,
 	return ready;
 }
 
-int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
+/* poll_ms: called as poll(): a set without SDP members goes to the kernel
+ * as that very call (a seccomp filter may allow poll and not ppoll). */
+static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask,
+		     const int *poll_ms)
 {
+	if (atomic_load_explicit(&sdp_passthru, memory_order_relaxed)) {
+		/* Under seccomp: not even an allocation for a large set. */
+		if (poll_ms)
+			return real_poll(fds, n, *poll_ms);
+		struct timespec ts;
+		ts.tv_sec = timeout_ns / 1000000000;
+		ts.tv_nsec = timeout_ns % 1000000000;
+		return real_ppoll(fds, n, timeout_ns < 0 ? NULL : &ts, mask);
+	}
 	struct sdp_conn *cs_stack[64], **cs = cs_stack;
 	struct pollfd tmp_stack[64], *tmp = tmp_stack;
 	bool watch_stack[64], *watch = watch_stack;
@@ -115,6 +152,10 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 	}
 	int r;
 	struct timespec zero = { 0, 0 };
+	if (!nsdp && poll_ms) {
+		r = real_poll(fds, n, *poll_ms);
+		goto out;
+	}
 	if (!nsdp) {
 		struct timespec ts, *tp = NULL;
 		if (timeout_ns >= 0) {
@@ -173,7 +214,7 @@ int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *
 			watch[i] = false;
 			if (!cs[i])
 				continue;
-			sdp_arm(cs[i], (unsigned)fds[i].events);
+			sdp_arm(cs[i], fds[i].fd, (unsigned)fds[i].events);
 			watch[i] = sdp_watch(cs[i]);
 			if (!watch[i])
 				shared = true;    /* someone else consumes its tokens */
@@ -224,7 +265,7 @@ out:
 EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	SDP_INIT();
-	return sdp_ppoll(fds, n, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
+	return sdp_ppoll(fds, n, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL, &timeout);
 }
 
 EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
@@ -238,7 +279,7 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *t,
 		 const sigset_t *mask)
 {
 	SDP_INIT();
-	return sdp_ppoll(fds, n, ts_to_ns(t), mask);
+	return sdp_ppoll(fds, n, ts_to_ns(t), mask, NULL);
 }
 
 EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *t,
@@ -251,7 +292,8 @@ EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *t,
 
 /* select/pselect: when an SDP fd is in a set, translate to poll. */
 static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e,
-			 int64_t timeout_ns, const sigset_t *mask, bool *handled)
+			 int64_t timeout_ns, const sigset_t *mask, bool *handled,
+			 uint64_t *start)
 {
 	*handled = false;
 	if (nfds < 0 || nfds > FD_SETSIZE)
@@ -269,6 +311,7 @@ static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e,
 	if (!nsdp)
 		return 0;
 	*handled = true;
+	*start = sdp_now_ns();
 	struct pollfd *p = calloc((size_t)cnt, sizeof *p);
 	if (!p) {
 		errno = ENOMEM;
@@ -286,7 +329,7 @@ static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e,
 			k++;
 		}
 	}
-	int res = sdp_ppoll(p, (nfds_t)k, timeout_ns, mask);
+	int res = sdp_ppoll(p, (nfds_t)k, timeout_ns, mask, NULL);
 	if (res < 0) {
 		free(p);
 		return -1;
@@ -325,8 +368,8 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 	SDP_INIT();
 	bool handled;
 	int64_t to = tv ? (int64_t)tv->tv_sec * 1000000000 + tv->tv_usec * 1000 : -1;
-	uint64_t start = sdp_now_ns();
-	int res = select_common(nfds, r, w, e, to, NULL, &handled);
+	uint64_t start;
+	int res = select_common(nfds, r, w, e, to, NULL, &handled, &start);
 	if (!handled)
 		return real_select(nfds, r, w, e, tv);
 	if (tv && res >= 0) {             /* Linux updates the timeout */
@@ -344,7 +387,8 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e,
 {
 	SDP_INIT();
 	bool handled;
-	int res = select_common(nfds, r, w, e, ts_to_ns(t), mask, &handled);
+	uint64_t start;
+	int res = select_common(nfds, r, w, e, ts_to_ns(t), mask, &handled, &start);
 	if (!handled)
 		return real_pselect(nfds, r, w, e, t, mask);
 	return res;

@@ -14,8 +14,10 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "switch/switch.h"
@@ -82,6 +84,12 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 	}
 	v = 1;
 	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
+	/* Buffer sizes the application chose (on this socket or, inherited
+	 * by the kernel, on its listener) limit the bytes in flight. */
+	if (opts & OPT_SNDBUF)
+		sdp_bufsize_set(c, fd, true);
+	if (opts & OPT_RCVBUF)
+		sdp_bufsize_set(c, fd, false);
 	/* SO_RCVLOWAT is ours now: on the kernel socket it would hold back
 	 * the 1-byte wake-ups. */
 	vl = sizeof v;
@@ -102,28 +110,82 @@ EXPORT int socket(int domain, int type, int protocol)
 		struct fdent *e = fd_get(fd);
 		if (e)
 			atomic_store(&e->opts, (type & SOCK_NONBLOCK) ? OPT_NONBLOCK : 0);
+		else if (is_tcp_type(domain, type, protocol) &&
+			 !atomic_load_explicit(&sdp_passthru, memory_order_relaxed))
+			sdp_log(2, "socket fd %d: TCP (above the %d descriptors the library "
+				"tracks: the hard RLIMIT_NOFILE when it started)", fd,
+				fd_table_size());
 	}
 	return fd;
+}
+
+/* Does the policy let this listening socket offer SDP? If not, why. */
+static bool offers_sdp(int fd, char *why, size_t n)
+{
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	if (sys_getsockname(fd, &a, &len) < 0) {
+		snprintf(why, n, "cannot read the listening address");
+		return false;
+	}
+	return sdp_decide_why(SDP_ROLE_SERVER, &a.sa, len, why, n) != SDP_USE_TCP;
 }
 
 EXPORT int listen(int fd, int backlog)
 {
 	SDP_INIT();
-	int r = real_listen(fd, backlog);
-	if (r < 0 || fd_kind(fd) != FDK_INET)
-		return r;
+	if (fd_kind(fd) != FDK_INET)
+		return real_listen(fd, backlog);
+	/* A SO_REUSEPORT socket bound to a port joins its group's rendezvous
+	 * before the kernel can give it a SYN (hello.c, group.c); a group
+	 * member the policy keeps on TCP joins too, to withdraw the group. */
+	int one = 0;
+	socklen_t ol = sizeof one;
 	union sdp_addr a;
 	socklen_t len = sizeof a;
+	bool early = sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one &&
+		     sys_getsockname(fd, &a, &len) == 0 &&
+		     (a.sa.sa_family == AF_INET ? a.in.sin_port : a.in6.sin6_port) != 0;
 	struct sdp_listener *l = NULL;
-	if (sys_getsockname(fd, &a, &len) == 0 &&
-	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len) != SDP_USE_TCP) {
-		int e = sdp_listener_open(fd, &l);
+	char why[300] = "no rendezvous";
+	bool offer = false;
+	int e = 0;
+	sdp_why_take();
+	if (early) {
+		offer = offers_sdp(fd, why, sizeof why);
+		e = sdp_listener_open(fd, offer, &l);
+	}
+	int r = real_listen(fd, backlog);
+	if (r < 0) {
+		int le = errno;
+		if (l) {                      /* let the fd table count its holders */
+			fd_set_listen(fd, l);
+			fd_forget(fd);
+			fd_set_kind(fd, FDK_INET);
+		}
+		errno = le;
+		return r;
+	}
+	if (!early) {
+		offer = offers_sdp(fd, why, sizeof why);
+		if (offer)
+			e = sdp_listener_open(fd, true, &l);
+	}
+	bool said = false;                    /* withdrawn (a group's), or no SDP */
+	if (offer) {
+		const char *w = sdp_why_take();
+		said = w != NULL;
+		snprintf(why, sizeof why, "%s", w ? w : e < 0 ? strerror(-e) : "no rendezvous");
 		if (e < 0)
-			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, strerror(-e));
+			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, why);
 	}
 	fd_set_listen(fd, l);
+	sdp_proc_note_socket();
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
-	sdp_log(2, "listen fd %d: %s", fd, l ? "SDP offered" : "TCP only");
+	if (l && offer && !said)
+		sdp_log(2, "listen fd %d: SDP offered", fd);
+	else
+		sdp_log(2, "listen fd %d: TCP only (%s)", fd, why);
 	return r;
 }
 
@@ -135,8 +197,13 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		return real_connect(fd, addr, len);
 	struct sdp_conn *c = NULL;
 	struct sdp_connect_state cs = { 0 };
-	if (sdp_decide(SDP_ROLE_CLIENT, addr, len) != SDP_USE_TCP)
+	char why[300];
+	sdp_why_take();
+	if (sdp_decide_why(SDP_ROLE_CLIENT, addr, len, why, sizeof why) != SDP_USE_TCP) {
 		c = sdp_hello_connect(fd, addr, len, &cs);
+		const char *w = sdp_why_take();
+		snprintf(why, sizeof why, "%s", w ? w : "no SDP listener serves the destination");
+	}
 	int r, e;
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a
@@ -159,6 +226,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
 			sdp_proc_count(0, 1);
 			epoll_drop_pending(fd);
+			sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
 		}
 		errno = e;
 		return r;
@@ -182,10 +250,10 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 
 /* A client that said hello and cannot be served: reset its connection
  * (it sees ECONNRESET, as if the server had aborted it at once). */
-static void refuse_conn(int lfd, int nfd, int why)
+static void refuse_conn(int lfd, int nfd, const char *why)
 {
 	sdp_log(0, "accept fd %d: an SDP client could not be served (%s): "
-		"connection reset", lfd, strerror(-why));
+		"connection reset", lfd, why ? why : "?");
 	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
 	sys_setsockopt(nfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	fd_set_kind(nfd, FDK_NONE);
@@ -202,9 +270,19 @@ static int after_accept(int lfd, int nfd, int flags)
 		return nfd;
 	}
 	int refuse = 0;
-	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse) : NULL;
-	if (refuse) {
-		refuse_conn(lfd, nfd, refuse);
+	const char *why = NULL;
+	sdp_why_take();
+	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse, &why) :
+			     NULL;
+	if (refuse < 0) {
+		refuse_conn(lfd, nfd, why);
+		return -1;
+	}
+	if (refuse > 0) {                     /* a listener's wake-up: not the app's */
+		sdp_log(2, "accept fd %d: a joining listener's wake-up connection, dropped",
+			lfd);
+		fd_set_kind(nfd, FDK_NONE);
+		real_close(nfd);
 		return -1;
 	}
 	/* Accepted sockets inherit the listener's options, not O_NONBLOCK. */
@@ -221,21 +299,84 @@ static int after_accept(int lfd, int nfd, int flags)
 	} else {
 		fd_set_tcp(nfd, SDP_ROLE_SERVER);
 		sdp_proc_count(0, 1);
-		sdp_log(2, "accept fd %d -> %d: TCP", lfd, nfd);
+		const char *w = sdp_why_take();
+		sdp_log(2, "accept fd %d -> %d: TCP (%s)", lfd, nfd,
+			k != FDK_LISTEN ? "listen() was not seen on this socket" :
+			!e->l ? "the listener offers TCP only, see its listen line" :
+			w ? w : "the client sent no hello: not an SDP client");
 	}
 	return nfd;
 }
 
+/* Taking an SDP client's hello needs descriptors besides the connection's
+ * own: the rendezvous connection, the client's memfd, one to put a hello
+ * back. Without them the client could only be reset. So near the fd limit
+ * they are made sure of before the kernel's accept: lacking them, accept()
+ * fails with EMFILE and the connection stays queued, as with TCP when no
+ * descriptor is left (here: when fewer than ACCEPT_SPARE + 1 are). */
+#define ACCEPT_SPARE 3
+static _Atomic int accept_last = -1;           /* fd the last accept returned */
+static __thread int spare[ACCEPT_SPARE];
+static __thread int nspare;
+
+static void unreserve(void)
+{
+	while (nspare > 0)
+		sys_close(spare[--nspare]);
+}
+
+/* 0, or -EMFILE when the descriptors are not there. */
+static int reserve(int lfd)
+{
+	struct fdent *e = fd_get(lfd);
+	struct rlimit rl;
+	if (!e || atomic_load(&e->kind) != FDK_LISTEN || !e->l ||
+	    getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+	    (rlim_t)atomic_load(&accept_last) + 64 < rl.rlim_cur)
+		return 0;                     /* plenty of room (the usual case) */
+	/* Hellos already taken hold their memfds: the connections they name
+	 * are the next ones in the kernel's queue, and taking one of those
+	 * needs no further descriptor (its memfd is closed once mapped).
+	 * Asking for spares on top would refuse every accept for ever while
+	 * those hellos hold the very descriptors that are missing. */
+	if (sdp_listener_pending(e->l) > 0)
+		return 0;
+	while (nspare < ACCEPT_SPARE) {
+		int d = sys_fcntl(lfd, F_DUPFD_CLOEXEC, 0);
+		if (d < 0) {
+			int err = errno;
+			unreserve();
+			return err == EMFILE ? -EMFILE : 0;
+		}
+		spare[nspare++] = d;
+	}
+	return 0;
+}
+
 /* A refused connection is invisible to the application: accept the next
- * one (a nonblocking listener then says EAGAIN if there is none). */
-static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+ * one (a nonblocking listener then says EAGAIN if there is none). The
+ * kernel gets the application's own call (four: accept4): a seccomp
+ * filter may allow accept and not accept4. */
+static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags,
+			 bool four)
 {
 	socklen_t len0 = len ? *len : 0;
 	for (;;) {
-		int n = real_accept4(fd, addr, len, flags);
-		if (n < 0)
-			return n;
+		int r = reserve(fd);
+		if (r < 0) {
+			sdp_log(2, "accept fd %d: EMFILE: too few descriptors left to "
+				"take an SDP client's hello", fd);
+			errno = -r;
+			return -1;
+		}
+		int n = four ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
 		int e = errno;
+		unreserve();
+		if (n < 0) {
+			errno = e;
+			return n;
+		}
+		atomic_store(&accept_last, n);
 		if (after_accept(fd, n, flags) >= 0) {
 			errno = e;
 			return n;
@@ -248,13 +389,13 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	SDP_INIT();
-	return accept_common(fd, addr, len, 0);
+	return accept_common(fd, addr, len, 0, false);
 }
 
 EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
 	SDP_INIT();
-	return accept_common(fd, addr, len, flags);
+	return accept_common(fd, addr, len, flags, true);
 }
 
 EXPORT int close(int fd)
@@ -286,7 +427,7 @@ static bool vfork_dup(int o)
 		return false;
 	struct sdp_conn *c = fd_conn(o);
 	if (c)
-		fd_fallback(o, c);
+		fd_fallback_for(o, c, "a vfork child gives it to the program it runs");
 	return true;
 }
 
@@ -462,6 +603,17 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (r == 0 && !c && level == SOL_SOCKET &&
 	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO))
 		fd_opt_set(fd, OPT_TIMEO, true);
+	if (r == 0 && level == SOL_SOCKET &&
+	    (name == SO_SNDBUF || name == SO_SNDBUFFORCE ||
+	     name == SO_RCVBUF || name == SO_RCVBUFFORCE)) {
+		/* The kernel keeps the value (doubled, clamped) and reports
+		 * it; the SDP window takes it from there. */
+		bool snd = name == SO_SNDBUF || name == SO_SNDBUFFORCE;
+		if (c)
+			sdp_bufsize_set(c, fd, snd);
+		else
+			fd_opt_set(fd, snd ? OPT_SNDBUF : OPT_RCVBUF, true);
+	}
 	if (r == 0 && c && level == SOL_SOCKET && name == SO_LINGER &&
 	    len >= sizeof(struct linger)) {
 		const struct linger *lg = val;
@@ -531,8 +683,8 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 					 &c->app_nodelay : &c->app_cork));
 	if (c && level == SOL_SOCKET && name == SO_ERROR) {
 		int e = atomic_exchange(&c->so_error, 0);
-		if (!e && sdp_take_reset(c))
-			e = ECONNRESET;
+		if (!e)
+			e = sdp_reset_errno(c);
 		/* Only ours: the TCP socket's own errors (a peer's RST on
 		 * close) are already part of this connection's state. */
 		return put_int(val, len, e);

@@ -43,6 +43,8 @@ enum {
 	OPT_RCVLOWAT = 1 << 2,
 	OPT_NONBLOCK = 1 << 3,        /* O_NONBLOCK known to be set */
 	OPT_TIMEO    = 1 << 4,        /* SO_RCVTIMEO or SO_SNDTIMEO set */
+	OPT_SNDBUF   = 1 << 5,        /* SO_SNDBUF set (the byte window, tx.c) */
+	OPT_RCVBUF   = 1 << 6,        /* SO_RCVBUF set */
 	OPT_UNKNOWN  = 1 << 7,        /* socket we did not see created: ask */
 };
 
@@ -82,22 +84,42 @@ void fd_fork_failed(void);
 /* The connection left SDP (sdp/fallback.c): every fd of this process that
  * names it becomes plain TCP. */
 void fd_fallback(int fd, struct sdp_conn *c);
+/* The same, saying why this side hands the connection back (for the log;
+ * fd_fallback says whether the peer asked for it). */
+void fd_fallback_for(int fd, struct sdp_conn *c, const char *why);
 void fd_before_exec(void);
 /* The same, for a program started with extra descriptors (posix_spawn). */
 void fd_before_exec_with(const int *extra, int nextra);
 struct sdp_conn *sdp_fd_conn(int fd);   /* fd_conn + connect/fallback upkeep */
 int  fd_table_size(void);
+/* Before a seccomp filter (sandbox.c): hand every SDP connection back to
+ * TCP, withdraw the listeners, release everything; returns the number of
+ * connections handed back. fd_passthru: from then on no fd is known. */
+int  fd_leave_all(void);
+void fd_passthru(void);
 void conn_hold(struct sdp_conn *c);
 
 /* config.c */
 void sdp_init(void);
 extern int sdp_inited;
 #define SDP_INIT() do { if (__builtin_expect(!sdp_inited, 0)) sdp_init(); } while (0)
+/* sandbox.c: set once the process is under seccomp (its own filter, or
+ * one it started under); every call then passes straight through and the
+ * library makes no system call of its own. */
+extern _Atomic int sdp_passthru;
+bool sdp_seccomp_at_start(void);
 /* A vfork child shares our memory (fd table included) but not our file
  * descriptors: there the switch only passes calls through. */
 extern pid_t sdp_pid;
-static inline bool sdp_in_vfork_child(void) { return getpid() != sdp_pid; }
+static inline bool sdp_in_vfork_child(void)
+{
+	return !atomic_load_explicit(&sdp_passthru, memory_order_relaxed) &&
+	       getpid() != sdp_pid;
+}
 enum sdp_use sdp_decide(enum sdp_role role, const struct sockaddr *a, socklen_t l);
+/* The same; when the answer is TCP, why[n] says why (policy file:line). */
+enum sdp_use sdp_decide_why(enum sdp_role role, const struct sockaddr *a,
+			    socklen_t l, char *why, size_t n);
 extern const char *sdp_prog;
 
 /* The next definition of each interposed function (libc), resolved in
@@ -160,10 +182,11 @@ void epoll_forget_fd(int fd);
 void epoll_adopt(int fd, struct sdp_conn *c);   /* connect() made fd SDP */
 void epoll_drop_pending(int fd);                /* ... or plain TCP */
 void epoll_shadow_free(struct ep_shadow *s);
+void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) */
 
-/* How long a poll/epoll sleep may last: until deadline (0 = none, NULL
- * result = forever), cut to SDP_SHARED_SLICE_MS when another sleeper
- * consumes the tokens of one of our sockets (conn.h). */
+/* How long a poll/epoll sleep may last: until deadline (0 = none), cut to
+ * SDP_SHARED_SLICE_MS when another sleeper consumes the tokens of one of
+ * our sockets, and to SDP_CHECK_MS in any case (conn.h). */
 static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared,
 						  struct timespec *ts)
 {
@@ -174,8 +197,8 @@ static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared
 	}
 	if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
 		left = SDP_SHARED_SLICE_MS * 1000000ull;
-	if (left == UINT64_MAX)
-		return NULL;
+	if (left > SDP_CHECK_MS * 1000000ull)
+		left = SDP_CHECK_MS * 1000000ull;   /* look again (conn.h) */
 	ts->tv_sec = (time_t)(left / 1000000000);
 	ts->tv_nsec = (long)(left % 1000000000);
 	return ts;

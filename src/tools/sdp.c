@@ -2,12 +2,12 @@
  * sdp.c - the `sdp` command.
  *
  *   sdp run [--policy FILE] -- CMD ARGS...   run CMD with libsdp preloaded
- *   sdp stat [--json] [--procs]              live SDP connections / processes
- *   sdp check [--json]                       what this host allows
+ *   sdp stat [--json] [--procs]              live SDP connections / processes (stat.c)
+ *   sdp check [--json] [--recalibrate]       what this host allows
  *   sdp bench ARGS...                        the benchmark suite (bench/)
+ *
+ * Unknown options are refused with the usage (exit 2) by every command.
  */
-#include <arpa/inet.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -25,16 +25,24 @@
 #include <unistd.h>
 
 #include "sdp/pool.h"
+#include "sdp/calib.h"
 #include "switch/policy.h"
+#include "tools/tool.h"
 
-static void usage(void)
+void sdp_usage(void)
 {
 	fprintf(stderr,
 		"usage: sdp run [--policy FILE] -- CMD [ARGS...]\n"
 		"       sdp stat [--json] [--procs]\n"
-		"       sdp check [--json]\n"
+		"       sdp check [--json] [--recalibrate]\n"
 		"       sdp bench [--quick] [--out DIR] [--only EXP,...] [--pin]\n");
 	exit(2);
+}
+
+void sdp_bad_option(const char *cmd, const char *arg)
+{
+	fprintf(stderr, "sdp %s: unknown option '%s'\n", cmd, arg);
+	sdp_usage();
 }
 
 static char *self_dir(void)
@@ -81,18 +89,30 @@ static int cmd_run(int argc, char **argv)
 			i++;
 			break;
 		}
-		if (!strcmp(argv[i], "--policy") && i + 1 < argc) {
+		if (!strcmp(argv[i], "--policy")) {
+			if (i + 1 >= argc || !strcmp(argv[i + 1], "--")) {
+				fprintf(stderr, "sdp run: --policy needs a file name\n");
+				sdp_usage();
+			}
 			policy = argv[++i];
 		} else if (!strncmp(argv[i], "--policy=", 9)) {
 			policy = argv[i] + 9;
 		} else if (argv[i][0] == '-') {
-			usage();
+			sdp_bad_option("run", argv[i]);
 		} else {
 			break;
 		}
+		if (!*policy) {
+			/* Not "no policy": that is what leaving it out means. */
+			fprintf(stderr, "sdp run: --policy needs a file name, not an "
+				"empty string\n");
+			return 2;
+		}
 	}
-	if (i >= argc)
-		usage();
+	if (i >= argc) {
+		fprintf(stderr, "sdp run: no command to run\n");
+		sdp_usage();
+	}
 	char *lib = lib_path();
 	if (!lib || access(lib, R_OK) != 0) {
 		fprintf(stderr, "sdp: cannot find libsdp.so (looked at %s)\n",
@@ -124,283 +144,12 @@ static int cmd_run(int argc, char **argv)
 	if (p)
 		sdp_policy_free(p);
 	else if (named)
-		fprintf(stderr, "sdp: cannot read policy %s: %s; using TCP\n", path,
-			strerror(-err));
+		fprintf(stderr, "sdp: cannot use policy %s: %s; every socket stays TCP\n",
+			path, sdp_policy_strerror(err));
 	setenv("SDP_POLICY_REPORTED", "1", 1);
 	execvp(argv[i], argv + i);
 	fprintf(stderr, "sdp: %s: %s\n", argv[i], strerror(errno));
 	return errno == ENOENT ? 127 : 126;
-}
-
-/* ---- stat --------------------------------------------------------------- */
-
-struct pool_ref {
-	ino_t ino;
-	int pid;
-	const struct sdp_pool_hdr *hdr;
-	size_t len;
-};
-
-static const char *state_name(uint32_t st)
-{
-	switch (st) {
-	case SDP_ST_CONNECTING:  return "connecting";
-	case SDP_ST_ESTABLISHED: return "established";
-	case SDP_ST_CLOSED:      return "closed";
-	case SDP_ST_RESET:       return "reset";
-	default:                 return "free";
-	}
-}
-
-static const char *mode_name(uint8_t m)
-{
-	return m == SDP_MODE_PIPELINED ? "pipelined" :
-	       m == SDP_MODE_COMBINED ? "combined" : "buffered";
-}
-
-static void addr_str(const union sdp_addr *a, char *out, size_t n)
-{
-	char h[INET6_ADDRSTRLEN] = "?";
-	if (a->sa.sa_family == AF_INET) {
-		inet_ntop(AF_INET, &a->in.sin_addr, h, sizeof h);
-		snprintf(out, n, "%s:%u", h, ntohs(a->in.sin_port));
-	} else if (a->sa.sa_family == AF_INET6) {
-		inet_ntop(AF_INET6, &a->in6.sin6_addr, h, sizeof h);
-		snprintf(out, n, "[%s]:%u", h, ntohs(a->in6.sin6_port));
-	} else {
-		snprintf(out, n, "-");
-	}
-}
-
-static bool is_num(const char *s)
-{
-	if (!*s)
-		return false;
-	for (; *s; s++)
-		if (*s < '0' || *s > '9')
-			return false;
-	return true;
-}
-
-/* All (pid, fd) on the host whose fd is socket:[ino]. */
-struct fdhit { int pid, fd; };
-
-static int find_socket(unsigned long ino, const int *pids, int npids,
-		       struct fdhit *hits, int max)
-{
-	int n = 0;
-	char want[64];
-	snprintf(want, sizeof want, "socket:[%lu]", ino);
-	for (int p = 0; p < npids && n < max; p++) {
-		char dir[64];
-		snprintf(dir, sizeof dir, "/proc/%d/fd", pids[p]);
-		DIR *d = opendir(dir);
-		if (!d)
-			continue;
-		struct dirent *de;
-		while ((de = readdir(d)) && n < max) {
-			if (!is_num(de->d_name))
-				continue;
-			char path[600], link[128];
-			snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-			ssize_t l = readlink(path, link, sizeof link - 1);
-			if (l <= 0)
-				continue;
-			link[l] = 0;
-			if (!strcmp(link, want)) {
-				hits[n].pid = pids[p];
-				hits[n].fd = atoi(de->d_name);
-				n++;
-			}
-		}
-		closedir(d);
-	}
-	return n;
-}
-
-static int cmd_stat(int argc, char **argv)
-{
-	bool json = false, procs = false;
-	for (int i = 0; i < argc; i++) {
-		if (!strcmp(argv[i], "--json"))
-			json = true;
-		else if (!strcmp(argv[i], "--procs"))
-			procs = true;
-		else
-			usage();
-	}
-	/* Find every process's pool: /proc/PID/fd/N -> /memfd:sdp-pool */
-	struct pool_ref *pools = NULL;
-	int npools = 0;
-	int *users = NULL;                /* pids, parallel per pool: pool index */
-	int *user_pool = NULL, nusers = 0;
-	DIR *proc = opendir("/proc");
-	struct dirent *de;
-	while (proc && (de = readdir(proc))) {
-		if (!is_num(de->d_name))
-			continue;
-		int pid = atoi(de->d_name);
-		char dir[64];
-		snprintf(dir, sizeof dir, "/proc/%d/fd", pid);
-		DIR *d = opendir(dir);
-		if (!d)
-			continue;
-		struct dirent *fe;
-		while ((fe = readdir(d))) {
-			if (!is_num(fe->d_name))
-				continue;
-			char path[600], link[256];
-			snprintf(path, sizeof path, "%s/%s", dir, fe->d_name);
-			ssize_t l = readlink(path, link, sizeof link - 1);
-			if (l <= 0)
-				continue;
-			link[l] = 0;
-			if (strncmp(link, "/memfd:" SDP_POOL_NAME, 7 + strlen(SDP_POOL_NAME)))
-				continue;
-			int fd = open(path, O_RDONLY | O_CLOEXEC);
-			if (fd < 0)
-				continue;
-			struct stat st;
-			fstat(fd, &st);
-			int k;
-			for (k = 0; k < npools; k++)
-				if (pools[k].ino == st.st_ino)
-					break;
-			if (k == npools) {
-				void *m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-				if (m == MAP_FAILED) {
-					close(fd);
-					continue;
-				}
-				const struct sdp_pool_hdr *h = m;
-				if (h->magic != SDP_POOL_MAGIC || h->version != SDP_POOL_VERSION ||
-				    h->conn_size != sizeof(struct sdp_conn)) {
-					munmap(m, (size_t)st.st_size);
-					close(fd);
-					continue;
-				}
-				pools = realloc(pools, (size_t)(npools + 1) * sizeof *pools);
-				pools[npools] = (struct pool_ref){ st.st_ino, pid, h, (size_t)st.st_size };
-				npools++;
-			}
-			close(fd);
-			users = realloc(users, (size_t)(nusers + 1) * sizeof *users);
-			user_pool = realloc(user_pool, (size_t)(nusers + 1) * sizeof *user_pool);
-			users[nusers] = pid;
-			user_pool[nusers] = k;
-			nusers++;
-			break;
-		}
-		closedir(d);
-	}
-	if (proc)
-		closedir(proc);
-
-	bool first = true;
-	if (json)
-		printf("[");
-	else if (procs)
-		printf("%-8s %-16s %9s %9s %14s %14s %13s %13s\n", "PID", "COMM",
-		       "SDP_CONNS", "TCP_CONNS", "TX_BYTES", "RX_BYTES",
-		       "REGIONS(REUSE)", "MAPPED(REUSE)");
-	else
-		printf("%-7s %-4s %-22s %-22s %-5s %-11s %-9s %12s %12s %9s %9s %4s\n",
-		       "PID", "FD", "LOCAL", "REMOTE", "TRANS", "STATE", "MODE",
-		       "TX_BYTES", "RX_BYTES", "TX_MSGS", "RX_MSGS", "CRED");
-	for (int k = 0; k < npools; k++) {
-		const struct sdp_pool_hdr *h = pools[k].hdr;
-		int pids[4096], np = 0;
-		for (int u = 0; u < nusers && np < 4096; u++)
-			if (user_pool[u] == k)
-				pids[np++] = users[u];
-		if (procs) {
-			const struct sdp_proc *pr = (const void *)((const char *)h + h->procs_off);
-			for (uint32_t i = 0; i < h->nprocs; i++) {
-				int pid = atomic_load(&pr[i].pid);
-				bool live = false;
-				for (int u = 0; u < np; u++)
-					live |= pids[u] == pid;
-				if (!pid || !live)
-					continue;
-				char comm[21];
-				memcpy(comm, pr[i].comm, 20);
-				comm[20] = 0;
-				unsigned long long sc = pr[i].sdp_conns, tc = pr[i].tcp_conns,
-						   tx = pr[i].tx_bytes, rx = pr[i].rx_bytes;
-				unsigned long long rc = pr[i].regions[0], rr = pr[i].regions_reused[0],
-						   mc = pr[i].regions[1], mr = pr[i].regions_reused[1];
-				if (json)
-					printf("%s\n {\"pid\": %d, \"comm\": \"%s\", \"sdp_conns\": %llu, "
-					       "\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
-					       "\"regions_created\": %llu, \"regions_reused\": %llu, "
-					       "\"regions_mapped\": %llu, \"mappings_reused\": %llu}",
-					       first ? "" : ",", pid, comm, sc, tc, tx, rx, rc, rr, mc, mr);
-				else {
-					char a[32], b[32];
-					snprintf(a, sizeof a, "%llu(%llu)", rc, rr);
-					snprintf(b, sizeof b, "%llu(%llu)", mc, mr);
-					printf("%-8d %-16s %9llu %9llu %14llu %14llu %14s %13s\n",
-					       pid, comm, sc, tc, tx, rx, a, b);
-				}
-				first = false;
-			}
-			continue;
-		}
-		const struct sdp_conn *cs = (const void *)((const char *)h + h->conns_off);
-		for (uint32_t i = 0; i < h->nconns; i++) {
-			const struct sdp_conn *c = &cs[i];
-			if (!atomic_load(&c->inuse))
-				continue;
-			uint32_t st = atomic_load(&c->state);
-			if (st == SDP_ST_FREE || st == SDP_ST_CLOSED)
-				continue;
-			struct fdhit hits[64];
-			int nh = find_socket((unsigned long)c->tcp_ino, pids, np, hits, 64);
-			char la[64], ra[64];
-			addr_str(&c->local, la, sizeof la);
-			addr_str(&c->remote, ra, sizeof ra);
-			for (int x = 0; x < nh; x++) {
-				if (json)
-					printf("%s\n {\"pid\": %d, \"fd\": %d, \"local\": \"%s\", "
-					       "\"remote\": \"%s\", \"transport\": \"%s\", "
-					       "\"state\": \"%s\", \"mode\": \"%s\", "
-					       "\"role\": \"%s\", "
-					       "\"tx_bytes\": %llu, \"rx_bytes\": %llu, "
-					       "\"tx_msgs\": %llu, \"rx_msgs\": %llu, "
-					       "\"tx_bcopy_bytes\": %llu, \"rx_bcopy_bytes\": %llu, "
-					       "\"tx_rzcopy_bytes\": %llu, \"rx_rzcopy_bytes\": %llu, "
-					       "\"tx_wzcopy_bytes\": %llu, \"rx_wzcopy_bytes\": %llu, "
-					       "\"credits\": %u}",
-					       first ? "" : ",", hits[x].pid, hits[x].fd, la, ra,
-					       c->transport ? "sdp" : "tcp",
-					       state_name(st), mode_name(c->mode),
-					       c->role == 1 ? "server" : "client",
-					       (unsigned long long)c->st.tx_bytes,
-					       (unsigned long long)c->st.rx_bytes,
-					       (unsigned long long)c->st.tx_msgs,
-					       (unsigned long long)c->st.rx_msgs,
-					       (unsigned long long)c->st.tx_bcopy_bytes,
-					       (unsigned long long)c->st.rx_bcopy_bytes,
-					       (unsigned long long)c->st.tx_rzcopy_bytes,
-					       (unsigned long long)c->st.rx_rzcopy_bytes,
-					       (unsigned long long)c->st.tx_wzcopy_bytes,
-					       (unsigned long long)c->st.rx_wzcopy_bytes,
-					       c->st.credits);
-				else
-					printf("%-7d %-4d %-22s %-22s %-5s %-11s %-9s %12llu %12llu %9llu %9llu %4u\n",
-					       hits[x].pid, hits[x].fd, la, ra, c->transport ? "sdp" : "tcp",
-					       state_name(st), mode_name(c->mode),
-					       (unsigned long long)c->st.tx_bytes,
-					       (unsigned long long)c->st.rx_bytes,
-					       (unsigned long long)c->st.tx_msgs,
-					       (unsigned long long)c->st.rx_msgs, c->st.credits);
-				first = false;
-			}
-		}
-	}
-	if (json)
-		printf("%s]\n", first ? "" : "\n");
-	return 0;
 }
 
 /* ---- check -------------------------------------------------------------- */
@@ -446,9 +195,64 @@ static void policy_err(const char *msg, void *arg)
 	snprintf(out + l, 400 - l, "%s%s", l ? "; " : "", msg);
 }
 
+/* The per-host choices of the library (calib.c): read from its cache, or
+ * measured now (and cached) as the library would at its first connection. */
+static void host_report(bool json, bool force)
+{
+	struct sdp_calib cal;
+	const char *ss = getenv("SDP_SLOT_SIZE");
+	uint32_t slot = ss && atoi(ss) >= 1024 ? (uint32_t)atoi(ss) & ~63u : 32768;
+	sdp_calib_get(slot, force, &cal);
+	const char *env = getenv("SDP_COPY");
+	const char *routine = cal.copy, *source = cal.faked ? "simulated" :
+			      cal.cached ? "cache" : "measured";
+	if (env && *env && strcmp(env, "auto")) {
+		const struct sdp_copy_impl *ci = sdp_copy_find(env);
+		if (ci && ci->usable()) {
+			routine = ci->name;
+			source = "SDP_COPY";
+		}
+	}
+	const char *model = strchr(cal.host, '|');
+	model = model ? model + 1 : "?";
+	if (json) {
+		printf("\"host\": {\"cpu\": \"%s\", \"kernel\": \"%.*s\", "
+		       "\"copy\": {\"routine\": \"%s\", \"source\": \"%s\", \"gbps\": {",
+		       model, (int)strcspn(cal.host, "|"), cal.host, routine, source);
+		for (int i = 0; i < cal.ncopy; i++)
+			printf("%s\"%s\": %.2f", i ? ", " : "", cal.copy_speed[i].name,
+			       cal.copy_speed[i].gbps);
+		printf("}}, \"zcopy\": {\"cma\": %s, \"threshold\": %u, \"page_aliased\": \"%s\", "
+		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, "
+		       "\"cache\": \"%s\"}, ",
+		       cal.cma_ok ? "true" : "false", cal.zcopy_thresh,
+		       cal.cma_alias ? "bounce" : "direct", cal.cma_gbps_same,
+		       cal.cma_gbps_shifted, cal.path);
+		return;
+	}
+	printf("%-20s %s (kernel %.*s)\n", "host", model, (int)strcspn(cal.host, "|"), cal.host);
+	printf("%-20s %s (%s;", "copy_routine", routine, source);
+	for (int i = 0; i < cal.ncopy; i++)
+		printf(" %s %.1f", cal.copy_speed[i].name, cal.copy_speed[i].gbps);
+	printf(" GB/s through a ring)\n");
+	printf("%-20s %u bytes%s; page-aliased transfers %s (CMA 64 KiB: %.1f GB/s same "
+	       "offset, %.1f shifted)\n", "zcopy_threshold", cal.zcopy_thresh,
+	       cal.zcopy_thresh ? "" : " (never)", cal.cma_alias ? "bounced" : "direct",
+	       cal.cma_gbps_same, cal.cma_gbps_shifted);
+	printf("%-20s %s\n", "calibration_cache", cal.path);
+}
+
 static int cmd_check(int argc, char **argv)
 {
-	bool json = argc > 0 && !strcmp(argv[0], "--json");
+	bool json = false, recal = false;
+	for (int i = 0; i < argc; i++) {
+		if (!strcmp(argv[i], "--json"))
+			json = true;
+		else if (!strcmp(argv[i], "--recalibrate"))
+			recal = true;
+		else
+			sdp_bad_option("check", argv[i]);
+	}
 	struct check ck[8];
 	int n = 0;
 	memset(ck, 0, sizeof ck);
@@ -512,18 +316,19 @@ static int cmd_check(int argc, char **argv)
 	} else if (getenv("SDP_CONFIG") && *getenv("SDP_CONFIG")) {
 		ck[n].ok = false;
 		snprintf(ck[n].why, sizeof ck[n].why, "%s: %s -> every socket stays TCP",
-			 path, strerror(-err));
+			 path, sdp_policy_strerror(err));
 	} else {
 		ck[n].ok = true;
 		snprintf(ck[n].why, sizeof ck[n].why, "%s: %s -> SDP wherever the peer supports it",
-			 path, strerror(-err));
+			 path, sdp_policy_strerror(err));
 	}
 	n++;
 
 	bool cma = ck[3].ok;
 	if (json) {
-		printf("{\"features\": [\"bcopy\"%s], \"checks\": {",
-		       cma ? ", \"zcopy\"" : "");
+		printf("{\"features\": [\"bcopy\"%s], ", cma ? ", \"zcopy\"" : "");
+		host_report(true, recal);
+		printf("\"checks\": {");
 		for (int i = 0; i < n; i++)
 			printf("%s\"%s\": {\"ok\": %s, \"why\": \"%s\"}", i ? ", " : "",
 			       ck[i].name, ck[i].ok ? "true" : "false", ck[i].why);
@@ -533,6 +338,7 @@ static int cmd_check(int argc, char **argv)
 			printf("%-20s %-4s %s\n", ck[i].name, ck[i].ok ? "ok" : "no", ck[i].why);
 		printf("%-20s      bcopy%s\n", "features",
 		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)");
+		host_report(false, recal);
 	}
 	return 0;
 }
@@ -559,18 +365,17 @@ static int cmd_bench(int argc, char **argv)
 int main(int argc, char **argv)
 {
 	if (argc < 2)
-		usage();
+		sdp_usage();
 	if (!strcmp(argv[1], "run"))
 		return cmd_run(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "stat"))
-		return cmd_stat(argc - 2, argv + 2);
+		return sdp_cmd_stat(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "check"))
 		return cmd_check(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "bench"))
 		return cmd_bench(argc - 2, argv + 2);
 	if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
-		usage();
+		sdp_usage();
 	fprintf(stderr, "sdp: unknown command '%s'\n", argv[1]);
-	usage();
-	return 2;
+	sdp_usage();
 }

@@ -193,3 +193,38 @@ def test_redis_connection_churn(redis, sdp, kit):
     assert d["sdp_conns"] >= CHURN_REQUESTS, f"redis-server SDP conns delta {d}"
     assert d["mappings_reused"] >= d["regions_mapped"] - 1, \
         f"redis-server mapped the client's memory anew: {d}"
+
+
+ORDER_ROUNDS = 1000
+
+
+def test_redis_order_across_connections(redis, sdp, kit):
+    """Commands sent on different connections one after the other are served
+    in that order (helpers/redis_order.py): blocked BLPOP and BRPOPLPUSH
+    clients get their elements in the order they blocked, a WATCH sent
+    before another client's SET makes the EXEC fail, an UNSUBSCRIBE sent
+    before another client's PUBLISH keeps the message away. Kernel TCP, the
+    same helper without `sdp run` against the same server, is the oracle:
+    the SDP client may not be served out of order noticeably more often."""
+    port = redis.port
+    helper = kit.HELPERS / "redis_order.py"
+    res = kit.run_cmd([sys.executable, helper, port, ORDER_ROUNDS], timeout=120)
+    tcp = json.loads(res.stdout)
+    before = _server_before(sdp, redis)
+    stats_dir = sdp.new_stats_dir("redis-order")
+    res = kit.run_cmd(sdp.wrap([sys.executable, helper, port, ORDER_ROUNDS]),
+                      timeout=120, env=sdp.env(stats_dir))
+    got = json.loads(res.stdout)
+    assert set(got) == set(tcp) == {"blpop", "brpoplpush", "watch", "unsubscribe"}, got
+    for pattern, n in got.items():
+        assert n <= 2 * tcp[pattern] + 2, \
+            f"{pattern}: served out of order in {n} of {ORDER_ROUNDS} rounds, " \
+            f"kernel TCP: {tcp[pattern]} (all: {got}, TCP: {tcp})"
+
+    if not sdp.enabled:
+        return
+    # 4 + 4 connections for the blocking patterns, 2 + 2 for the others
+    cl = sdp.client_stats(stats_dir)
+    assert cl["sdp_conns"] >= 12 and cl["tcp_conns"] == 0, f"redis_order.py: {cl}"
+    d = kit.delta(sdp.server_stats(redis), before)
+    assert d["sdp_conns"] >= 12, f"redis-server SDP conns delta {d}"

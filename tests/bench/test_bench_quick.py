@@ -78,6 +78,11 @@ def test_report_mentions_everything(run):
     for c in doc["configs"]:
         assert f"`{c['name']}`" in text
     assert doc["machine"]["cpu_model"] in text
+    assert doc["machine"]["cpu_vendor"] in text
+    # the library's per-host choices are in every report
+    host = doc["sdp_host"]
+    assert host and host["copy"]["routine"]
+    assert f"copy routine **{host['copy']['routine']}**" in text
     assert "unpinned" in text or "pinned" in text
     assert "sdp bench" in text
 

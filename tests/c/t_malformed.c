@@ -51,14 +51,19 @@
 /* ---- the shared region, as the shm provider lays it out --------------- */
 
 #define REGION_MAGIC    0x53444d52u   /* "SDMR" */
-#define REGION_VERSION  3
+#define REGION_VERSION  5
 #define REGION_HDR_SIZE 4096u
 
 struct side_blk {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into this side's ring */
-	char pad0[56];
+	_Atomic uint64_t post_ns;     /* when posted into an empty ring */
+	_Atomic uint64_t post_seq;
+	_Atomic uint32_t tx_limited;
+	char pad0[36];
 	_Atomic uint64_t cons;        /* messages consumed from the other ring */
-	char pad1[56];
+	_Atomic uint64_t rx_bytes;
+	_Atomic uint32_t rcvbuf;
+	char pad1[44];
 	_Atomic uint32_t armed;
 	_Atomic uint32_t fin;
 	_Atomic uint64_t fin_seq;

@@ -428,6 +428,29 @@ static inline int tl_stats(int fd, struct sdp_sock_stats *st)
 		}                                                           \
 	} while (0)
 
+/* ---- metrics compared with kernel TCP ----------------------------------- */
+
+/* Some behaviour is not exact under kernel TCP either (how often two
+ * connections' requests are served out of order, how many bytes a small
+ * send buffer takes): such a program prints a metric, and the harness
+ * (test_c_features.py) runs it first on kernel TCP and then under SDP with
+ * TL_TCP_<name> set to the kernel's value, so the SDP run can check a
+ * bound derived from the kernel's. */
+static inline void tl_metric(const char *name, long long v)
+{
+	printf("TL_METRIC %s %lld\n", name, v);
+	fflush(stdout);
+}
+
+/* The kernel TCP run's value of metric name, or -1 if not given. */
+static inline long long tl_tcp_metric(const char *name)
+{
+	char var[128];
+	snprintf(var, sizeof var, "TL_TCP_%s", name);
+	const char *v = getenv(var);
+	return v && *v ? atoll(v) : -1;
+}
+
 /* ---- processes -------------------------------------------------------- */
 
 /* fork(); the child gets its own watchdog. */

@@ -296,7 +296,7 @@ static void do_fallback(struct model *m)
 		atomic_store(&P->fb_rx_cons, atomic_load(&P->cons));
 		P->fb_rx_off = 0;
 	}
-	atomic_store(&P->fb, 1);
+	atomic_store(&P->fb, SHM_FB_FINAL);
 	static const uint8_t tok[4096] = { [0 ... 4095] = SHM_TOKEN_BYTE };
 	for (uint64_t left = due; left; ) {
 		size_t k = left < sizeof tok ? left : sizeof tok;
@@ -304,7 +304,10 @@ static void do_fallback(struct model *m)
 		left -= k;
 	}
 	uint64_t cons = atomic_load(&P->fb_rx_cons);
-	int r = sdp_fallback(m->c, wfd);
+	int subst = -1;
+	int r = sdp_fallback(m->c, wfd, &subst);
+	if (subst >= 0)
+		close(subst);
 	m->fell_back = true;
 	CHECK(atomic_load(&m->c->fb_done));
 	/* What reached TCP: our remaining tokens, then the unconsumed bytes. */
@@ -451,8 +454,10 @@ static void run(struct model *m, struct in *in)
 				atomic_fetch_add(&m->P->tokens_sent, k);
 			if (k)
 				CHECK(send(pfd, tok, k, MSG_NOSIGNAL) == k);
-			if (stray && k)
-				m->stray = true;
+			if (stray && k) {
+				m->stray = true;   /* resets the connection */
+				m->honest = false;
+			}
 			sdp_on_wakeup(m->c, wfd);
 			break;
 		}

@@ -7,6 +7,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "sdp/conn.h"
@@ -38,4 +39,24 @@ __attribute__((constructor)) static void fuzz_stubs_init(void)
 	sdp_pid = getpid();
 	const char *l = getenv("FUZZ_LOG");
 	sdp_log_level = l ? atoi(l) : -1;
+}
+
+static __thread char why_buf[200];
+
+void sdp_whyf(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(why_buf, sizeof why_buf, fmt, ap);
+	va_end(ap);
+}
+
+const char *sdp_why_take(void)
+{
+	static __thread char taken[sizeof why_buf];
+	if (!why_buf[0])
+		return NULL;
+	memcpy(taken, why_buf, sizeof taken);
+	why_buf[0] = 0;
+	return taken;
 }

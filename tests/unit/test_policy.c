@@ -7,7 +7,9 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -755,6 +757,92 @@ static void test_load(void)
 	rmdir(dir);
 }
 
+/* A policy that is not a regular file is refused at once and says what it
+ * is; a FIFO without a writer must not block the reader. An alarm turns a
+ * blocked open or read into a failure instead of a hang. */
+static void on_alarm(int sig)
+{
+	(void)sig;
+	static const char m[] = "test_policy: blocked on a non-regular policy file\n";
+	ssize_t w = write(2, m, sizeof m - 1);
+	(void)w;
+	_exit(1);
+}
+
+static void test_not_regular(void)
+{
+	char dir[] = "/tmp/test_policy.XXXXXX", fifo[256];
+	struct errs e = { 0 };
+	int error = 0;
+
+	if (!mkdtemp(dir)) {
+		CHECK(!"mkdtemp");
+		return;
+	}
+	snprintf(fifo, sizeof(fifo), "%s/fifo.conf", dir);
+	CHECK_INT(mkfifo(fifo, 0600), 0);
+	signal(SIGALRM, on_alarm);
+	alarm(10);
+	CHECK(sdp_policy_load(fifo, collect, &e, &error) == NULL);
+	CHECK(error <= SDP_POLICY_ENOTREG);
+	CHECK_STR(sdp_policy_strerror(error), "a FIFO, not a regular file");
+
+	/* a writer holding it open with text in it changes nothing */
+	int w = open(fifo, O_RDWR | O_NONBLOCK);
+	CHECK(w >= 0);
+	if (w >= 0) {
+		ssize_t n = write(w, "use sdp * * *\n", 14);
+		CHECK_INT(n, 14);
+	}
+	CHECK(sdp_policy_load(fifo, collect, &e, &error) == NULL);
+	CHECK_STR(sdp_policy_strerror(error), "a FIFO, not a regular file");
+	if (w >= 0)
+		close(w);
+
+	CHECK(sdp_policy_load("/dev/zero", collect, &e, &error) == NULL);
+	CHECK_STR(sdp_policy_strerror(error), "a character device, not a regular file");
+	CHECK(sdp_policy_load("/dev/tty", collect, &e, &error) == NULL ||
+	      !"a terminal is not a policy");
+	alarm(0);
+	CHECK_INT(e.n, 0);
+	CHECK_STR(sdp_policy_strerror(-ENOENT), strerror(ENOENT));
+	CHECK_STR(sdp_policy_strerror(-EFBIG), "larger than 16 MiB");
+	unlink(fifo);
+	rmdir(dir);
+}
+
+/* Rules and settings remember their lines, for reports. */
+static void test_lines(void)
+{
+	struct sdp_policy *p = good("# comment\n"
+				    "use tcp server * 10.0.0.0/8:*\n"
+				    "\n"
+				    "set spin_us 5\n"
+				    "use sdp * * *\n"
+				    "set spin_us 7\n");
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(80) };
+	unsigned long line = 99;
+	const char *v = NULL;
+
+	inet_pton(AF_INET, "10.1.2.3", &sin.sin_addr);
+	CHECK_INT(sdp_policy_lookup(p, S, "x", (struct sockaddr *)&sin, sizeof sin, &line), TCP);
+	CHECK_INT(line, 2);
+	CHECK_INT(sdp_policy_lookup(p, C, "x", (struct sockaddr *)&sin, sizeof sin, &line), SDP);
+	CHECK_INT(line, 5);
+	CHECK_INT(sdp_policy_setting_at(p, "spin_us", &v, &line), 0);
+	CHECK_STR(v, "7");
+	CHECK_INT(line, 6);
+	CHECK_INT(sdp_policy_setting_at(p, "nslots", &v, &line), -ENOENT);
+	CHECK_STR(sdp_policy_file(p), "good.conf");
+	sdp_policy_free(p);
+
+	p = good("use sdp client * *:1\n");
+	inet_pton(AF_INET, "10.1.2.3", &sin.sin_addr);
+	CHECK_INT(sdp_policy_lookup(p, S, "x", (struct sockaddr *)&sin, sizeof sin, &line), TCP);
+	CHECK_INT(line, 0);                 /* no rule: the default */
+	sdp_policy_free(p);
+}
+
 /* ---- concurrency -------------------------------------------------------------- */
 
 static void *match_thread(void *arg)
@@ -808,6 +896,8 @@ int main(void)
 	test_many_bad_lines();
 	test_good_file_is_silent();
 	test_load();
+	test_not_regular();
+	test_lines();
 	test_threads();
 
 	printf("test_policy: %d checks, %d failed\n", checks, failures);
