@@ -21,6 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
+_Thread_local uint64_t sdp_rx_seen;
+_Thread_local uint32_t sdp_rx_revoke;
+
 /* Read and validate the idx-th pending message header. */
 static int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h,
 		  const char **payload)
@@ -78,7 +81,8 @@ static void rx_release(struct sdp_conn *c, int fd)
 	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by sends (tx.c), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 
@@ -345,8 +349,13 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = copied ? 0 : -SDP_EFALLBACK;
 			break;
 		}
+		/* A peek consumes nothing: every pass copies from the head
+		 * again (counting on would hand the same bytes out twice). */
+		if (peek)
+			copied = 0;
 		ack_cancel_locked(c, fd);
-		uint32_t idx = 0, off = c->rx_off;
+		uint32_t idx = 0, off = c->rx_off, refused = 0;
+		bool fin_met = false;
 		for (;;) {
 			struct sdp_bsdh h;
 			const char *pl;
@@ -364,6 +373,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 					rx_release(c, fd);
 					atomic_store(&c->rx_eof, 1);
 				}
+				/* A peek that reached it returns what it copied
+				 * before it, or EOF (nothing is consumed, so the
+				 * FIN's position cannot tell it). */
+				fin_met = peek;
 				r = -EAGAIN;      /* stop: EOF after what we have */
 				break;
 			}
@@ -428,6 +441,9 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 							total - copied, peek, bounce, &whole);
 				if (n == -EAGAIN) {
 					r = -EAGAIN;  /* refused: wait for the revocation */
+					struct sdp_srcavail sa;
+					memcpy(&sa, pl, sizeof sa);
+					refused = sa.id;
 					break;
 				}
 				if (n < 0) {
@@ -488,6 +504,8 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			{ r = 0; break; }
 		if (copied && !waitall && (copied >= lowat || nonblock))
 			{ r = 0; break; }
+		if (fin_met)
+			{ r = 0; break; }
 		int end = rx_end_state(c);
 		if (end <= 0) {
 			r = end;
@@ -517,9 +535,20 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 				continue;         /* something came: take it */
 			offered = sink_offer(c, fd, iov, iovcnt, copied, total - copied);
 		}
+		/* A peek left idx messages queued (control messages, or data
+		 * below SO_RCVLOWAT): sleep until there is one more, or the
+		 * wait would find them and return at once, over and over. */
+		/* A SrcAvail we refused stays where it is until the source
+		 * revokes it, and nothing behind it can be read before: sleep
+		 * until the source does, or the wait would find it and return
+		 * at once, over and over. */
+		sdp_rx_seen = refused ? UINT64_MAX : peek ? c->ep.ops->rx_seq(&c->ep) + idx : 0;
+		sdp_rx_revoke = refused;
 		r = sdp_wait(c, fd, FAB_WAIT_RX,
 			     SDP_WAIT_RCVTIMEO | (copied ? SDP_WAIT_PARTIAL : 0),
 			     &c->rx_lock);
+		sdp_rx_seen = 0;
+		sdp_rx_revoke = 0;
 		if (r)
 			break;
 	}

@@ -33,6 +33,21 @@
 #include "sdp/sys.h"
 #include "switch/log.h"
 
+/* A message the waiting receive has not looked at yet (rx.c: a peek may
+ * leave messages queued; only a newer one can change its answer). */
+static bool rx_more(struct fab_ep *ep)
+{
+	if (sdp_rx_revoke) {
+		struct sdp_zctl *pz = shm_zc_peer(ep);
+		if (atomic_load(&pz->cancel_id) && pz->reserved0 >= sdp_rx_revoke)
+			return true;
+	}
+	uint32_t n = ep->ops->rx_pending(ep);
+	if (n == 0 || n == UINT32_MAX || !sdp_rx_seen)
+		return n != 0;
+	return ep->ops->rx_seq(ep) + n > sdp_rx_seen;
+}
+
 static bool cond_met(struct sdp_conn *c, unsigned what)
 {
 	struct fab_ep *ep = &c->ep;
@@ -44,8 +59,7 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 		sdp_abort_insane(c);
 		return true;
 	}
-	if ((what & FAB_WAIT_RX) &&
-	    (ep->ops->rx_pending(ep) != 0 || shm_peer_fin(ep)))
+	if ((what & FAB_WAIT_RX) && (rx_more(ep) || shm_peer_fin(ep)))
 		return true;
 	if ((what & FAB_WAIT_CREDIT) && sdp_tx_open(c))   /* credit and window */
 		return true;
