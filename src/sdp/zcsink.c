@@ -254,8 +254,14 @@ int rx_on_srcavail(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 	bool whole;
 	ssize_t n = read_srcavail(c, rc->fd, pl, rc->off, rc->iov, rc->iovcnt, rc->copied,
 				  rc->total - rc->copied, rc->peek, rc->bounce, &whole);
+	if (n == -EAGAIN) {                   /* refused: wait for the revocation */
+		struct sdp_srcavail sa;
+		memcpy(&sa, pl, sizeof sa);
+		rc->refused = sa.id;
+		return -EAGAIN;
+	}
 	if (n < 0)
-		return (int)n;                /* -EAGAIN: refused, wait for the revocation */
+		return (int)n;
 	rc->copied += (size_t)n;
 	if (!rc->peek)
 		c->rx_stream += (uint64_t)n;
