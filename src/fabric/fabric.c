@@ -51,6 +51,14 @@ const struct fab_ops *fab_choose(const struct sockaddr *peer, socklen_t len,
 	return NULL;                          /* none: plain TCP */
 }
 
+bool fab_fits(uint32_t nslots, uint32_t slot_size)
+{
+	for (size_t i = 0; i < NPROV; i++)
+		if (!providers[i].ops->fits(nslots, slot_size))
+			return false;
+	return true;
+}
+
 const struct fab_ops *fab_by_id(unsigned id)
 {
 	for (size_t i = 0; i < NPROV; i++)

@@ -53,6 +53,7 @@
 #ifndef SDP_FABRIC_H
 #define SDP_FABRIC_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -101,7 +102,14 @@ enum fab_wait {
 	FAB_WAIT_CREDIT = 1u << 1,   /* the peer consumed messages (credits back) */
 	FAB_WAIT_ZC     = 1u << 2,   /* the peer's zero-copy words moved (RdmaRdCompl,
 				      * cancel acknowledged) */
+	FAB_WAIT_ALL    = 0x7,       /* every bit a waiter may arm */
 };
+/* Bits 8-15 of arm/disarm/kick's `what` are kept free for a second route
+ * of the same wake-ups (FAB_WAIT_* << 8): a provider that also delivers
+ * them through a readiness queue shared by many connections (the switch's
+ * epoll would arm that route and read the queue through operations the
+ * provider adds). The engine's own waits (wait.c) use the bits above. */
+#define FAB_WAIT_ROUTE2_SHIFT 8
 
 /*
  * Marks: facts about one side, set by that side only (mark) and read by
@@ -131,6 +139,8 @@ enum fab_mark {
 /* Whose block a zero-copy compare-and-swap targets (zc_cas). */
 #define FAB_PEERS 0u
 #define FAB_OURS  FAB_MY(1)
+/* The locks a self_sane caller holds. */
+enum { FAB_SELF_TX = 1, FAB_SELF_RX = 2 };
 
 /* What the engine tells a provider at set-up. */
 struct fab_setup {
@@ -224,6 +234,9 @@ struct fab_ops {
 	/* Can this provider carry a connection to the peer at this address
 	 * (shm: an address of this host)? Any thread; may make system calls. */
 	bool     (*reaches)(const struct sockaddr *peer, socklen_t len);
+	/* Can it carry connections of this geometry at all (shm: the memory
+	 * a peer would have to map)? Start-up refuses settings none fits. */
+	bool     (*fits)(uint32_t nslots, uint32_t slot_size);
 	/* Connecting side, before its TCP connect: set up ep as side 0 with
 	 * the geometry s asks for, and describe it for the peer in o (data,
 	 * descriptors and which of them the engine closes once sent). The
@@ -314,6 +327,12 @@ struct fab_ops {
 	 * other threads of ours advance meanwhile never make an honest peer
 	 * look insane. */
 	bool     (*peer_sane)(struct fab_ep *ep, const char **why);
+	/* Does what we published still hold what we wrote (a writer of shared
+	 * memory could change it)? Exact for the words the locks held
+	 * serialize (locked: FAB_SELF_TX with tx_lock, FAB_SELF_RX with
+	 * rx_lock), consistent for the others. false: abort; *why as above.
+	 * peer_sane includes it with no lock held. */
+	bool     (*self_sane)(struct fab_ep *ep, unsigned locked, const char **why);
 
 	/* ---- zero-copy control words (struct sdp_zctl) ------------------- */
 
@@ -366,15 +385,21 @@ struct fab_ops {
 	void     (*disarm)(struct fab_ep *ep, unsigned what);
 	int      (*kick)(struct fab_ep *ep, int wfd, unsigned what);
 	int      (*drain)(struct fab_ep *ep, int wfd);
+	/* Before we sleep (after arming): wake the peer if it may wait for
+	 * progress of ours although it did not arm for it (its arm bits can
+	 * be cleared by a writer of shared memory). 1 if a wake-up was sent. */
+	int      (*kick_owed)(struct fab_ep *ep, int wfd);
 	/* Wake-up tokens the peer has put on the TCP socket that we have not
 	 * consumed yet (0 for a provider whose wake-ups never travel on it),
-	 * and the engine's note that it consumed n of them itself (fallback:
-	 * the last tokens are read off the socket before application bytes). */
+	 * and the engine's note that it read n announced tokens off the
+	 * socket itself (fallback: the last tokens are read before application
+	 * bytes): counted as taken; -EPROTO if they are not tokens (written
+	 * outside the library: the stream cannot be handed over). */
 	uint64_t (*tokens_due)(struct fab_ep *ep);
-	void     (*tokens_took)(struct fab_ep *ep, uint64_t n);
+	int      (*tokens_took)(struct fab_ep *ep, const void *buf, size_t n);
 	/* The descriptor a sleeper polls (POLLIN) for this endpoint instead
-	 * of the TCP socket tcpfd, or NULL: the TCP socket is the wait
-	 * object (shm). A provider whose wake-ups come on a completion
+	 * of the TCP socket tcpfd (shm: tcpfd itself, the TCP socket is the
+	 * wait object). A provider whose wake-ups come on a completion
 	 * queue's wait object returns one descriptor that is readable on
 	 * those and on tcpfd's own events (FIN, RST). Stable for the
 	 * endpoint's life; any thread of the owning process. */
@@ -384,8 +409,8 @@ struct fab_ops {
 
 	/* The key under which the peer may RDMA-read or -write len bytes at
 	 * addr of ours (registered, or found in the registration cache), or
-	 * 0: not possible (the caller uses Buffer Copy). NULL: the key is our
-	 * pid (shm). Keys fit in 64 bits; SrcAvail carries the upper half in
+	 * 0: not possible (the caller uses Buffer Copy). shm: our pid (Cross
+	 * Memory Attach names a process). Keys fit in 64 bits; SrcAvail carries the upper half in
 	 * key_hi. */
 	uint64_t (*mr_key)(struct fab_ep *ep, const void *addr, size_t len);
 
@@ -410,6 +435,7 @@ struct fab_ops {
  * The engine reads ops, side, nslots, slot_size and flags; the rest is the
  * provider's.
  */
+#define FAB_EP_PRIV 128        /* bytes of provider state per endpoint */
 struct fab_ep {
 	const struct fab_ops *ops;     /* the provider; NULL: no endpoint (TCP) */
 	uint32_t  side;        /* 0 = connecting side, 1 = accepting side */
@@ -418,6 +444,10 @@ struct fab_ep {
 	uint32_t  flags;       /* FAB_EP_* */
 	void     *base;        /* provider's: shm maps the connection region here */
 	size_t    len;         /* provider's: shm: the mapping's length in bytes */
+	/* The provider's own state of this endpoint (shm: struct shm_ep,
+	 * shm_layout.h: what this side published, kept where the peer
+	 * cannot write it). */
+	_Alignas(8) unsigned char priv[FAB_EP_PRIV];
 	char      label[16];   /* what carries it, for `sdp stat`: "ofi:tcp";
 				* empty: the provider's name */
 	uint64_t  mr_hits;     /* registration cache (FAB_T_MR_KEYS): buffers
@@ -445,6 +475,18 @@ const struct fab_ops *fab_choose(const struct sockaddr *peer, socklen_t len,
 				 enum fab_pref pref);
 /* The provider a hello names (enum fab_id), or NULL. */
 const struct fab_ops *fab_by_id(unsigned id);
+/* Can every provider carry connections of this geometry? */
+bool fab_fits(uint32_t nslots, uint32_t slot_size);
+/* For `sdp check`: the libfabric providers this host has and whether each
+ * offers what the ofi provider needs (fabric/ofi_lib.c, also linked into
+ * the tool). Returns the count, -1 if libfabric is not there. */
+struct fab_prov_info {
+	char name[32], fabric[64], domain[64];
+	bool msg_ep, msg, rma, usable;
+	char mr_mode[160];             /* "\"FI_MR_LOCAL\", ..." (JSON strings) */
+	char why[96];
+};
+int fab_list_libfabric(struct fab_prov_info *out, int max);
 /* Name the fabric in ep->label if the provider did not ("shm"). */
 static inline void fab_label_default(struct fab_ep *ep)
 {

@@ -364,15 +364,4 @@ int  ofi_reg(struct ofi_dom *d, void *addr, size_t len, uint64_t access,
 	     struct fid_mr **mr, uint64_t *key);
 void ofi_mr_drop(struct ofi_conn *oc);       /* the connection's cache */
 
-/* For `sdp check` (also linked into the tool): every libfabric provider
- * found, whether it has what SDP needs. Returns the count, or -1 if
- * libfabric is not there. */
-struct ofi_prov_info {
-	char name[32], fabric[64], domain[64];
-	bool msg_ep, msg, rma, usable;
-	uint64_t mr_mode;
-	char why[96];
-};
-int ofi_list_providers(struct ofi_prov_info *out, int max);
-
 #endif

@@ -723,6 +723,16 @@ static bool insane(const char **why, const char *what)
 	return false;
 }
 
+/* What we publish is written by us only, into our private region: the
+ * peer cannot change it. */
+static bool ofi_self_sane(struct fab_ep *ep, unsigned locked, const char **why)
+{
+	(void)ep;
+	(void)locked;
+	(void)why;
+	return true;
+}
+
 static bool ofi_peer_sane(struct fab_ep *ep, const char **why)
 {
 	struct ofi_conn *oc = ofi_of(ep);
@@ -830,6 +840,7 @@ static void ofi_disarm(struct fab_ep *ep, unsigned what)
 static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
 {
 	(void)wfd;
+	what &= FAB_WAIT_ALL;                 /* bits 8-15: another route's */
 	struct ofi_conn *oc = ofi_of(ep);
 	if (!oc || state(oc) != OFI_ST_UP)
 		return 0;
@@ -891,10 +902,31 @@ static uint64_t ofi_tokens_due(struct fab_ep *ep)
 	return 0;                             /* nothing travels on the TCP socket */
 }
 
-static void ofi_tokens_took(struct fab_ep *ep, uint64_t n)
+/* No byte on the TCP socket is ever a token of ours. */
+static int ofi_tokens_took(struct fab_ep *ep, const void *buf, size_t n)
 {
 	(void)ep;
-	(void)n;
+	(void)buf;
+	return n ? -EPROTO : 0;
+}
+
+/* A wake-up the peer may be owed although it did not arm: its arm bits
+ * are in its own block, which only it writes (and copies to us), so none
+ * is lost that way; a sleeper's arm already told us what it waits for. */
+static int ofi_kick_owed(struct fab_ep *ep, int wfd)
+{
+	(void)ep;
+	(void)wfd;
+	return 0;
+}
+
+/* Any geometry: the number of buffers is clamped to the provider's queues
+ * at set-up (the client's offer says what was taken). */
+static bool ofi_fits(uint32_t nslots, uint32_t slot_size)
+{
+	(void)nslots;
+	(void)slot_size;
+	return true;
 }
 
 /* ---- fallback to TCP ------------------------------------------------------ */
@@ -939,6 +971,7 @@ const struct fab_ops fab_ofi_ops = {
 	/* choice and set-up (ofi_cm.c) */
 	.init        = ofi_init,
 	.reaches     = ofi_reaches,
+	.fits        = ofi_fits,
 	.offer       = ofi_offer,
 	.accept      = ofi_accept,
 	.connected   = ofi_connected,
@@ -965,6 +998,7 @@ const struct fab_ops fab_ofi_ops = {
 	.mark        = ofi_mark,
 	.marks       = ofi_marks,
 	.peer_sane   = ofi_peer_sane,
+	.self_sane   = ofi_self_sane,
 	/* zero-copy words */
 	.zc_me       = ofi_zc_me,
 	.zc_peer     = ofi_zc_peer,
@@ -980,6 +1014,7 @@ const struct fab_ops fab_ofi_ops = {
 	.disarm      = ofi_disarm,
 	.kick        = ofi_kick,
 	.drain       = ofi_drain,
+	.kick_owed   = ofi_kick_owed,
 	.tokens_due  = ofi_tokens_due,
 	.tokens_took = ofi_tokens_took,
 	.wait_fd     = ofi_wait_fd,

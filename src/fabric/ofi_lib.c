@@ -99,9 +99,9 @@ static struct fi_info *hints(const char *prov)
 	return h;
 }
 
-static int list_providers(struct ofi_prov_info *out, int max);
+static int list_providers(struct fab_prov_info *out, int max);
 
-int ofi_list_providers(struct ofi_prov_info *out, int max)
+int fab_list_libfabric(struct fab_prov_info *out, int max)
 {
 	fab_private++;
 	int n = list_providers(out, max);
@@ -109,7 +109,22 @@ int ofi_list_providers(struct ofi_prov_info *out, int max)
 	return n;
 }
 
-static int list_providers(struct ofi_prov_info *out, int max)
+static void mr_names(uint64_t m, char *out, size_t n)
+{
+	static const struct { uint64_t bit; const char *name; } names[] = {
+		{ FI_MR_LOCAL, "FI_MR_LOCAL" }, { FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR" },
+		{ FI_MR_ALLOCATED, "FI_MR_ALLOCATED" }, { FI_MR_PROV_KEY, "FI_MR_PROV_KEY" },
+		{ FI_MR_ENDPOINT, "FI_MR_ENDPOINT" }, { FI_MR_RAW, "FI_MR_RAW" },
+	};
+	size_t k = 0;
+	out[0] = 0;
+	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+		if ((m & names[i].bit) && k < n)
+			k += (size_t)snprintf(out + k, n - k, "%s\"%s\"", k ? ", " : "",
+					      names[i].name);
+}
+
+static int list_providers(struct fab_prov_info *out, int max)
 {
 	if (!lib_open())
 		return -1;
@@ -127,7 +142,8 @@ static int list_providers(struct ofi_prov_info *out, int max)
 			continue;
 		/* One line per provider and fabric: does any of its entries
 		 * have what SDP needs? */
-		struct ofi_prov_info *p = &out[n];
+		struct fab_prov_info *p = &out[n];
+		uint64_t mm = 0;
 		memset(p, 0, sizeof *p);
 		snprintf(p->name, sizeof p->name, "%s", pn);
 		snprintf(p->fabric, sizeof p->fabric, "%s", i->fabric_attr->name);
@@ -141,9 +157,10 @@ static int list_providers(struct ofi_prov_info *out, int max)
 				p->msg_ep = true;
 				p->msg |= (j->caps & FI_MSG) != 0;
 				p->rma |= (j->caps & FI_RMA) != 0;
-				p->mr_mode |= (uint64_t)j->domain_attr->mr_mode;
+				mm |= (uint64_t)j->domain_attr->mr_mode;
 			}
 		}
+		mr_names(mm, p->mr_mode, sizeof p->mr_mode);
 		p->usable = p->msg_ep && p->msg && p->rma && !skip_prov(pn);
 		if (!p->msg_ep)
 			snprintf(p->why, sizeof p->why, "no FI_EP_MSG endpoints");

@@ -23,6 +23,12 @@
  * other side, after progress, clears a set bit and writes one token byte to
  * the connection's TCP socket, which makes the sleeper's fd readable.
  *
+ * Anyone who can write the region can change any word in it, ours too: a
+ * side decides only by private copies of what it wrote (struct shm_ep, in
+ * the endpoint's provider area), checks the shared words against them
+ * (self_sane), and sends a token the peer may be owed before it sleeps
+ * (kick_owed).
+ *
  * Marks (FIN, abort, closed, ...) are words of the control block; the
  * zero-copy control words are a part of it too, so publishing them is
  * nothing. This file is the ops table (fab_shm_ops, at the end); set-up
@@ -34,6 +40,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -52,40 +59,83 @@
 static uint64_t shm_tokens_due(struct fab_ep *ep)
 {
 	uint64_t sent = atomic_load(&peer(ep)->tokens_sent) & ~TOKENS_FROZEN;
-	uint64_t got = atomic_load(&me(ep)->tokens_rcvd);
+	uint64_t got = atomic_load(&SE(ep)->my_tokens_rcvd);
 	return sent > got ? sent - got : 0;
 }
 
-static void shm_tokens_took(struct fab_ep *ep, uint64_t n)
+static void took(struct fab_ep *ep, uint64_t n)
 {
+	atomic_fetch_add(&SE(ep)->my_tokens_rcvd, n);     /* copy first */
 	atomic_fetch_add(&me(ep)->tokens_rcvd, n);
+}
+
+/* Are these bytes all wake-up tokens? */
+static bool all_tokens(const unsigned char *b, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b[i] != SHM_TOKEN_BYTE)
+			return false;
+	return true;
+}
+
+static int shm_tokens_took(struct fab_ep *ep, const void *buf, size_t n)
+{
+	took(ep, n);
+	return all_tokens(buf, n) ? 0 : -EPROTO;
 }
 
 /* ---- marks -------------------------------------------------------------- */
 
-static void shm_mark(struct fab_ep *ep, unsigned m)
+/* Each mark: the private copy first, then the shared word (self_sane
+ * relies on that order). */
+static void shm_mark(struct fab_ep *ep, unsigned mk)
 {
-	struct shm_side *s = me(ep);
-	if ((m & FAB_M_FIN) && !atomic_load(&s->fin)) {
-		atomic_store(&s->fin_seq, atomic_load(&s->prod));
-		atomic_store(&s->fin, 1);
+	struct shm_side *m = me(ep);
+	struct shm_ep *se = SE(ep);
+	if ((mk & FAB_M_FIN) && !(atomic_load(&se->my_flags) & SHM_MY_FIN)) {
+		atomic_store(&m->fin_seq, atomic_load(&se->my_prod));
+		atomic_fetch_or(&se->my_flags, SHM_MY_FIN);
+		atomic_store(&m->fin, 1);
 	}
-	if (m & FAB_M_ABORT)
-		atomic_store(&s->abort, 1);
-	if (m & FAB_M_RD_SHUT)
-		atomic_store(&s->rd_shut, 1);
-	if (m & FAB_M_CLOSED)
-		atomic_store(&s->closed, 1);
+	if (mk & FAB_M_ABORT) {
+		atomic_fetch_or(&se->my_flags, SHM_MY_ABORT);
+		atomic_store(&m->abort, 1);
+	}
+	if (mk & FAB_M_RD_SHUT) {
+		atomic_fetch_or(&se->my_flags, SHM_MY_RDSHUT);
+		atomic_store(&m->rd_shut, 1);
+	}
+	if (mk & FAB_M_CLOSED) {
+		atomic_fetch_or(&se->my_flags, SHM_MY_CLOSED);
+		atomic_store(&m->closed, 1);
+	}
 	/* Stage 1 of a fallback: a seq_cst store, so the fence of the kick
 	 * that follows orders it before our look at the peer's arm bits (the
 	 * Dekker pair of PROTOCOL.md section 9, with "we are leaving" as the
 	 * progress). */
-	if ((m & FAB_M_FB) && atomic_load(&s->fb) == SHM_FB_NONE)
-		atomic_store(&s->fb, SHM_FB_LEAVING);
+	if ((mk & FAB_M_FB) && atomic_load(&se->my_fb) == SHM_FB_NONE) {
+		atomic_store(&se->my_fb, SHM_FB_LEAVING);
+		atomic_store(&m->fb, SHM_FB_LEAVING);
+	}
 }
 
-/* The marks of one side block (the plain ones). */
-static unsigned side_marks(struct shm_side *s, unsigned want)
+/* Our marks, as we set them (never the shared words, which a writer of
+ * the region could change). */
+static unsigned my_marks(struct fab_ep *ep, unsigned want)
+{
+	struct shm_ep *se = SE(ep);
+	uint32_t f = atomic_load(&se->my_flags), fb = atomic_load(&se->my_fb);
+	unsigned m = ((f & SHM_MY_FIN) ? FAB_M_FIN : 0) |
+		     ((f & SHM_MY_ABORT) ? FAB_M_ABORT : 0) |
+		     ((f & SHM_MY_RDSHUT) ? FAB_M_RD_SHUT : 0) |
+		     ((f & SHM_MY_CLOSED) ? FAB_M_CLOSED : 0) |
+		     (fb != SHM_FB_NONE ? FAB_M_FB : 0) |
+		     (fb == SHM_FB_FINAL ? FAB_M_FB_FINAL : 0);
+	return m & want;
+}
+
+/* The peer's plain marks. */
+static unsigned peer_marks(struct shm_side *s, unsigned want)
 {
 	unsigned m = 0;
 	if ((want & FAB_M_FIN) && atomic_load_explicit(&s->fin, memory_order_acquire))
@@ -108,24 +158,25 @@ static unsigned side_marks(struct shm_side *s, unsigned want)
 
 static unsigned shm_marks(struct fab_ep *ep, unsigned want)
 {
-	struct shm_side *m = me(ep), *p = peer(ep);
-	unsigned r = side_marks(p, want);
+	struct shm_side *p = peer(ep);
+	unsigned r = peer_marks(p, want);
 	if (want & FAB_MY(0xffffu))
-		r |= FAB_MY(side_marks(m, want >> 16));
+		r |= FAB_MY(my_marks(ep, want >> 16));
 	/* FIN, and we consumed every message before it */
 	if ((want & FAB_M_FIN_READ) &&
 	    atomic_load_explicit(&p->fin, memory_order_acquire) &&
-	    atomic_load(&m->cons) >= atomic_load(&p->fin_seq))
+	    atomic_load(&SE(ep)->my_cons) >= atomic_load(&p->fin_seq))
 		r |= FAB_M_FIN_READ;
 	/* the peer consumed every message we posted */
-	if ((want & FAB_M_CAUGHT_UP) && atomic_load(&p->cons) >= atomic_load(&m->prod))
+	if ((want & FAB_M_CAUGHT_UP) && atomic_load(&p->cons) >= atomic_load(&SE(ep)->my_prod))
 		r |= FAB_M_CAUGHT_UP;
 	return r;
 }
 
 /*
  * Everything the peer wrote in its control block must make sense with
- * what we know; if not, the caller aborts the connection.
+ * what we know; if not, the caller aborts the connection (*why says what
+ * was wrong).
  *
  * The checks compare counters that both processes - and other threads of
  * ours - keep advancing while we read them, so the order of the loads is
@@ -140,18 +191,22 @@ static bool insane(const char **why, const char *what)
 	return false;
 }
 
+static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked,
+		      const char **why);
+
 static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 {
 	struct shm_side *m = me(ep), *p = peer(ep);
+	struct shm_ep *se = SE(ep);
 	/* peer's prod: never below our cons, at most nslots beyond it */
-	uint64_t mcons0 = atomic_load(&m->cons);
+	uint64_t mcons0 = atomic_load(&se->my_cons);
 	uint64_t pprod = atomic_load(&p->prod);
-	uint64_t mcons1 = atomic_load(&m->cons);
+	uint64_t mcons1 = atomic_load(&se->my_cons);
 	if (pprod < mcons0 || (pprod > mcons1 && pprod - mcons1 > ep->nslots))
 		return insane(why, "messages from nowhere, or unposted");
 	/* peer's cons: never beyond our prod, at most nslots behind it */
 	uint64_t pcons0 = atomic_load(&p->cons);
-	uint64_t mprod = atomic_load(&m->prod);
+	uint64_t mprod = atomic_load(&se->my_prod);
 	uint64_t pcons1 = atomic_load(&p->cons);
 	if (pcons0 > mprod || (mprod > pcons1 && mprod - pcons1 > ep->nslots))
 		return insane(why, "credits for messages never sent");
@@ -160,14 +215,75 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 	uint64_t fin_seq = atomic_load(&p->fin_seq);
 	if (fin > 1 || (fin && fin_seq > atomic_load(&p->prod)))
 		return insane(why, "FIN after messages that do not exist");
-	if (atomic_load(&p->fb) > SHM_FB_FINAL)
+	/* a final fallback mark comes after the frozen count (stage 2) */
+	uint32_t fb = atomic_load(&p->fb);
+	if (fb > SHM_FB_FINAL ||
+	    (fb == SHM_FB_FINAL && !(atomic_load(&p->tokens_sent) & TOKENS_FROZEN)))
 		return insane(why, "bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
-	uint64_t tr = atomic_load(&m->tokens_rcvd);
+	uint64_t tr = atomic_load(&se->my_tokens_rcvd);
 	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
 		return insane(why, "wake-up tokens that cannot exist");
+	if (atomic_load(&p->armed) & ~FAB_WAIT_ALL)
+		return insane(why, "unknown wake-up request");
+	return self_sane(ep, m, 0, why);
+}
+
+/*
+ * Our own words, as we wrote them. Where another thread of ours may be
+ * writing a word right now, only what holds at every instant is checked:
+ * we store the private copy first, then the shared word, so a shared word
+ * read before its copy is never ahead of it. Under the lock that
+ * serializes its writers, a word must equal its copy.
+ */
+static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked,
+		      const char **why)
+{
+	uint64_t sp = atomic_load(&m->prod), pp = atomic_load(&SE(ep)->my_prod);
+	uint64_t sc = atomic_load(&m->cons), pc = atomic_load(&SE(ep)->my_cons);
+	uint64_t st = atomic_load(&m->tokens_rcvd), pt = atomic_load(&SE(ep)->my_tokens_rcvd);
+	if (sp > pp || ((locked & FAB_SELF_TX) && sp != pp))
+		return insane(why, "our message count was overwritten");
+	if (sc > pc || ((locked & FAB_SELF_RX) && sc != pc))
+		return insane(why, "our consumed count was overwritten");
+	if (st > pt)
+		return insane(why, "our token count was overwritten");
+	uint64_t sb = atomic_load(&m->rx_bytes), pb = atomic_load(&SE(ep)->my_rx_bytes);
+	if (sb > pb || ((locked & FAB_SELF_RX) && sb != pb))
+		return insane(why, "our consumed byte count was overwritten");
+	uint32_t sfb = atomic_load(&m->fb), pfb = atomic_load(&SE(ep)->my_fb);
+	if (sfb > pfb || (locked == (FAB_SELF_TX | FAB_SELF_RX) && sfb != pfb))
+		return insane(why, "our fallback mark was overwritten");
+	if (atomic_load(&m->armed) & ~FAB_WAIT_ALL)
+		return insane(why, "our wake-up request was overwritten");
+	/* Marks we set once: the copy is stored first, so a mark read
+	 * before its copy is never set without it. One that vanished is
+	 * stored again (the peer may have missed it meanwhile: it is told
+	 * again by the kick that follows any change of ours). */
+	static const struct { uint32_t bit; size_t off; const char *what; } mk[] = {
+		{ SHM_MY_FIN, offsetof(struct shm_side, fin), "our FIN was overwritten" },
+		{ SHM_MY_ABORT, offsetof(struct shm_side, abort), "our reset mark was overwritten" },
+		{ SHM_MY_RDSHUT, offsetof(struct shm_side, rd_shut), "our SHUT_RD mark was overwritten" },
+		{ SHM_MY_CLOSED, offsetof(struct shm_side, closed), "our close mark was overwritten" },
+	};
+	for (size_t i = 0; i < sizeof mk / sizeof mk[0]; i++) {
+		_Atomic uint32_t *w = (_Atomic uint32_t *)((char *)m + mk[i].off);
+		uint32_t v = atomic_load(w);
+		bool mine = atomic_load(&SE(ep)->my_flags) & mk[i].bit;
+		if (v > 1 || (v && !mine))
+			return insane(why, mk[i].what);
+		if (!v && mine)
+			atomic_store(w, 1);
+	}
+	if (atomic_load(&m->fin) && atomic_load(&m->fin_seq) > pp)
+		return insane(why, "our FIN was overwritten");
 	return true;
+}
+
+static bool shm_self_sane(struct fab_ep *ep, unsigned locked, const char **why)
+{
+	return self_sane(ep, me(ep), locked, why);
 }
 
 /* ---- zero-copy control words -------------------------------------------- */
@@ -217,12 +333,14 @@ static int shm_probe(struct fab_ep *ep, uint64_t raddr, uint64_t key)
 
 /* ---- fallback to TCP ---------------------------------------------------- */
 
+/* Stage 2: our token count is final and our position is published. */
 static void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 {
 	struct shm_side *m = me(ep);
 	atomic_fetch_or(&m->tokens_sent, TOKENS_FROZEN);   /* final count */
-	atomic_store(&m->fb_rx_cons, atomic_load(&m->cons));
+	atomic_store(&m->fb_rx_cons, atomic_load(&SE(ep)->my_cons));
 	m->fb_rx_off = rx_off;
+	atomic_store(&SE(ep)->my_fb, SHM_FB_FINAL);
 	atomic_store(&m->fb, SHM_FB_FINAL);
 }
 
@@ -248,9 +366,9 @@ static const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq)
 static uint32_t shm_credits(struct fab_ep *ep)
 {
 	for (;;) {
-		uint64_t sent = atomic_load_explicit(&me(ep)->prod, memory_order_acquire);
+		uint64_t sent = atomic_load_explicit(&SE(ep)->my_prod, memory_order_acquire);
 		uint64_t acked = atomic_load_explicit(&peer(ep)->cons, memory_order_acquire);
-		if (atomic_load_explicit(&me(ep)->prod, memory_order_acquire) != sent)
+		if (atomic_load_explicit(&SE(ep)->my_prod, memory_order_acquire) != sent)
 			continue;
 		if (acked > sent || sent - acked > ep->nslots)
 			return 0;             /* nonsense from the peer: no credit */
@@ -260,7 +378,7 @@ static uint32_t shm_credits(struct fab_ep *ep)
 
 static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
 {
-	uint64_t p = atomic_load_explicit(&me(ep)->prod, memory_order_relaxed);
+	uint64_t p = atomic_load_explicit(&SE(ep)->my_prod, memory_order_relaxed);
 	*cap = ep->slot_size;
 	return ring(ep, ep->side) + (p % ep->nslots) * ep->slot_size;
 }
@@ -273,11 +391,12 @@ static int shm_post(struct fab_ep *ep, size_t len)
 {
 	(void)len;
 	struct shm_side *m = me(ep);
-	uint64_t p = atomic_load_explicit(&m->prod, memory_order_relaxed);
+	uint64_t p = atomic_load_explicit(&SE(ep)->my_prod, memory_order_relaxed);
 	if (atomic_load_explicit(&peer(ep)->cons, memory_order_acquire) == p) {
 		atomic_store_explicit(&m->post_ns, fab_clock(), memory_order_relaxed);
 		atomic_store_explicit(&m->post_seq, p, memory_order_relaxed);
 	}
+	atomic_store_explicit(&SE(ep)->my_prod, p + 1, memory_order_release);
 	atomic_store_explicit(&m->prod, p + 1, memory_order_release);
 	return 0;
 }
@@ -291,13 +410,14 @@ static uint64_t shm_rx_since(struct fab_ep *ep)
 	struct shm_side *p = peer(ep);
 	uint64_t seq = atomic_load_explicit(&p->post_seq, memory_order_acquire);
 	uint64_t t = atomic_load_explicit(&p->post_ns, memory_order_relaxed);
-	return seq == atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) ? t : 0;
+	return seq == atomic_load_explicit(&SE(ep)->my_cons, memory_order_relaxed) ? t : 0;
 }
 
 /* ---- byte window (SO_SNDBUF / SO_RCVBUF, sdp/tx.c) ----------------------- */
 
 static void shm_set_rx_bytes(struct fab_ep *ep, uint64_t bytes)
 {
+	atomic_store_explicit(&SE(ep)->my_rx_bytes, bytes, memory_order_release);
 	atomic_store_explicit(&me(ep)->rx_bytes, bytes, memory_order_release);
 }
 
@@ -330,9 +450,9 @@ static bool shm_peer_tx_limited(struct fab_ep *ep)
 static uint32_t shm_rx_pending(struct fab_ep *ep)
 {
 	for (;;) {
-		uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_acquire);
+		uint64_t c = atomic_load_explicit(&SE(ep)->my_cons, memory_order_acquire);
 		uint64_t p = atomic_load_explicit(&peer(ep)->prod, memory_order_acquire);
-		if (atomic_load_explicit(&me(ep)->cons, memory_order_acquire) != c)
+		if (atomic_load_explicit(&SE(ep)->my_cons, memory_order_acquire) != c)
 			continue;             /* a reader of ours took some: again */
 		if (p < c || p - c > ep->nslots)
 			return UINT32_MAX;    /* corrupt: caller aborts */
@@ -348,7 +468,7 @@ static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
 		return -EPROTO;
 	if (idx >= n)
 		return -EAGAIN;
-	uint64_t c = atomic_load_explicit(&me(ep)->cons, memory_order_relaxed) + idx;
+	uint64_t c = atomic_load_explicit(&SE(ep)->my_cons, memory_order_relaxed) + idx;
 	*msg = ring(ep, !ep->side) + (c % ep->nslots) * ep->slot_size;
 	*cap = ep->slot_size;
 	return 0;
@@ -357,13 +477,19 @@ static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
 static int shm_rx_release(struct fab_ep *ep)
 {
 	struct shm_side *m = me(ep);
-	uint64_t c = atomic_load_explicit(&m->cons, memory_order_relaxed);
+	uint64_t c = atomic_load_explicit(&SE(ep)->my_cons, memory_order_relaxed);
+	/* Releasing into a full ring: the peer may sleep until it gets
+	 * this credit (shm_kick_owed). */
+	uint64_t pp = atomic_load_explicit(&peer(ep)->prod, memory_order_relaxed);
+	if (pp - c == ep->nslots)
+		atomic_store_explicit(&SE(ep)->full_at, pp, memory_order_relaxed);
+	atomic_store_explicit(&SE(ep)->my_cons, c + 1, memory_order_release);
 	atomic_store_explicit(&m->cons, c + 1, memory_order_release);
 	return 0;
 }
 
-static uint64_t shm_tx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->prod); }
-static uint64_t shm_rx_seq(struct fab_ep *ep) { return atomic_load(&me(ep)->cons); }
+static uint64_t shm_tx_seq(struct fab_ep *ep) { return atomic_load(&SE(ep)->my_prod); }
+static uint64_t shm_rx_seq(struct fab_ep *ep) { return atomic_load(&SE(ep)->my_cons); }
 
 /* ---- RDMA by Cross Memory Attach ---------------------------------------- */
 
@@ -404,14 +530,64 @@ static void shm_disarm(struct fab_ep *ep, unsigned what)
 	atomic_fetch_and(&me(ep)->armed, ~what);
 }
 
+static int send_token(struct fab_ep *ep, int wfd);
+
 static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 {
 	atomic_thread_fence(memory_order_seq_cst);
 	struct shm_side *p = peer(ep);
-	if (!(atomic_load_explicit(&p->armed, memory_order_relaxed) & what))
+	if (!(atomic_load_explicit(&p->armed, memory_order_relaxed) & what)) {
+		if (what & FAB_WAIT_ZC)
+			atomic_store(&SE(ep)->owed_engine, 1);   /* kick_owed */
 		return 0;
+	}
 	if (!(atomic_fetch_and(&p->armed, ~what) & what))
 		return 0;                     /* someone else kicked already */
+	return send_token(ep, wfd);
+}
+
+/*
+ * Before we sleep: a token the peer may be owed. The peer's request to be
+ * kicked lives in shared memory, so a process that can write the region
+ * can clear it while the peer sleeps; the peer then sleeps on although we
+ * made the progress it waits for, and if we sleep too, for ever. So when
+ * the peer has not consumed all we posted, or we released into its full
+ * ring and it has posted nothing since, or a zero-copy kick of ours found
+ * it not armed, and it is not armed for that, and it has read every token
+ * we sent (none is on its way to wake it), we send one anyway. An honest peer in that state is awake and busy (it
+ * drained its tokens and did not arm); the token costs it one drain at
+ * its next sleep, and while it is unread no further one is owed.
+ */
+static int shm_kick_owed(struct fab_ep *ep, int wfd)
+{
+	/* No fence of its own: callers have just armed (which fences), and
+	 * this is a safety net, not one half of a Dekker pair. A peer that
+	 * has not attached yet (or never will: it kept the connection on
+	 * TCP) is owed nothing: only a peer that armed may get a token. */
+	struct shm_side *p = peer(ep);
+	if (atomic_load(&p->pid) == 0)
+		return 0;                     /* its first write when it attaches */
+	uint64_t sent = atomic_load(&me(ep)->tokens_sent);
+	if ((sent & TOKENS_FROZEN) || atomic_load(&p->tokens_rcvd) != sent)
+		return 0;
+	uint32_t armed = atomic_load(&p->armed);
+	bool owed = !(armed & FAB_WAIT_RX) &&
+		    atomic_load(&p->cons) < atomic_load(&SE(ep)->my_prod);
+	uint64_t fa = atomic_load_explicit(&SE(ep)->full_at, memory_order_relaxed);
+	if (fa) {
+		if (atomic_load(&p->prod) == fa && !(armed & FAB_WAIT_CREDIT))
+			owed = true;
+		atomic_store_explicit(&SE(ep)->full_at, 0, memory_order_relaxed);
+	}
+	if (atomic_load_explicit(&SE(ep)->owed_engine, memory_order_relaxed) &&
+	    atomic_exchange(&SE(ep)->owed_engine, 0) && !(armed & FAB_WAIT_ZC))
+		owed = true;
+	return owed ? send_token(ep, wfd) : 0;
+}
+
+/* Count a token, then write it (see PROTOCOL.md section 9). */
+static int send_token(struct fab_ep *ep, int wfd)
+{
 	static const unsigned char tok = SHM_TOKEN_BYTE;
 	/* Count first, and never once the count is final (TOKENS_FROZEN):
 	 * the peer reads exactly the announced number, so after a fallback no
@@ -439,6 +615,24 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 	}
 }
 
+
+/*
+ * A byte beyond the announced tokens while the peer is on SDP (its
+ * fallback mark not final) was not written by the peer's library: the
+ * peer writes application bytes on the TCP socket only after its mark is
+ * final, and counts every token before writing it. Such a byte (a raw
+ * system call, io_uring, a hostile peer) cannot be placed in the stream,
+ * and left unread it would keep the socket readable, so that every sleep
+ * on it returned at once: -EPROTO, the caller resets the connection.
+ * Loaded after the peek that showed the byte: a token or a final mark
+ * behind it is then visible.
+ */
+static bool stray_byte(struct fab_ep *ep)
+{
+	return shm_tokens_due(ep) == 0 &&
+	       atomic_load(&peer(ep)->fb) != SHM_FB_FINAL;
+}
+
 static int shm_drain(struct fab_ep *ep, int wfd)
 {
 	unsigned char buf[256];
@@ -450,6 +644,13 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 					 NULL, NULL);
 			if (r == 0)
 				return 1;
+			if (r == 1 && shm_tokens_due(ep))
+				continue;             /* a token announced meanwhile */
+			if (r == 1 && stray_byte(ep))
+				return -EPROTO;
+			if (r == 1)
+				return 0;             /* application bytes after the
+						       * peer's fallback */
 			if (r < 0 && errno != EAGAIN && errno != EINTR)
 				return -errno;
 			return 0;
@@ -458,7 +659,9 @@ static int shm_drain(struct fab_ep *ep, int wfd)
 		long r = syscall(SYS_recvfrom, wfd, buf, want, MSG_DONTWAIT,
 				 NULL, NULL);
 		if (r > 0) {
-			atomic_fetch_add(&me(ep)->tokens_rcvd, (uint64_t)r);
+			took(ep, (uint64_t)r);
+			if (!all_tokens(buf, (size_t)r))
+				return -EPROTO;   /* not ours: see stray_byte */
 			if ((size_t)r < want)
 				return 0;
 			continue;
@@ -524,12 +727,29 @@ static bool shm_reaches(const struct sockaddr *peer, socklen_t len)
 	return found;
 }
 
+/* The TCP socket is the wait object. */
+static int shm_wait_fd(struct fab_ep *ep, int tcpfd)
+{
+	(void)ep;
+	return tcpfd;
+}
+
+/* Cross Memory Attach names a process: the key of our memory is our pid. */
+static uint64_t shm_mr_key(struct fab_ep *ep, const void *addr, size_t len)
+{
+	(void)ep;
+	(void)addr;
+	(void)len;
+	return (uint64_t)syscall(SYS_getpid);
+}
+
 const struct fab_ops fab_shm_ops = {
 	.name        = "shm",
 	.id          = FAB_ID_SHM,
 	/* choice and set-up (shm_region.c) */
 	.init        = shm_init,
 	.reaches     = shm_reaches,
+	.fits        = shm_fits,
 	.offer       = shm_ep_offer,
 	.accept      = shm_ep_accept,
 	.connected   = shm_ep_connected,
@@ -556,6 +776,7 @@ const struct fab_ops fab_shm_ops = {
 	.mark        = shm_mark,
 	.marks       = shm_marks,
 	.peer_sane   = shm_peer_sane,
+	.self_sane   = shm_self_sane,
 	/* zero-copy control words */
 	.zc_me       = shm_zc_me,
 	.zc_peer     = shm_zc_peer,
@@ -571,8 +792,11 @@ const struct fab_ops fab_shm_ops = {
 	.disarm      = shm_disarm,
 	.kick        = shm_kick,
 	.drain       = shm_drain,
+	.kick_owed   = shm_kick_owed,
 	.tokens_due  = shm_tokens_due,
 	.tokens_took = shm_tokens_took,
+	.wait_fd     = shm_wait_fd,
+	.mr_key      = shm_mr_key,
 	/* fallback */
 	.fb_publish  = shm_fb_publish,
 	.fb_peer_pos = shm_fb_peer_pos,

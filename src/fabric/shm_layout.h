@@ -19,8 +19,11 @@
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
 #define SHM_VERSION 5
 #define SHM_HDR_SIZE 4096u
-#define SHM_TOKEN_BYTE 0xDB
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
+#define SHM_TOKEN_BYTE 0xDB          /* the byte a kick writes on the TCP socket */
+/* The largest memfd an accepting side maps (bytes): a region, or an arena
+ * of regions, never exceeds it. */
+#define SHM_MEMFD_MAX (1ull << 34)
 
 struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t prod;        /* messages posted into our ring (TCP: snd_nxt) */
@@ -53,6 +56,32 @@ struct shm_side {                 /* written only by its own side */
 	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
 };
 _Static_assert(sizeof(struct shm_side) == 320, "side block is 5 cache lines");
+
+/*
+ * The provider's state in an endpoint (struct fab_ep priv): what this side
+ * published in its own control block. Its own decisions use these copies,
+ * never the shared words (which anyone who can write the region can
+ * change); the shared words are what the peer reads, and self_sane
+ * compares the two. Each copy is stored before its shared word.
+ */
+struct shm_ep {
+	_Atomic uint64_t my_prod;        /* messages posted (TCP: snd_nxt) */
+	_Atomic uint64_t my_cons;        /* peer messages consumed (TCP: rcv_nxt) */
+	_Atomic uint64_t my_tokens_rcvd; /* peer tokens read off the socket */
+	_Atomic uint64_t my_rx_bytes;    /* stream bytes consumed, as published
+					  * for the byte window (TCP: copied_seq) */
+	_Atomic uint32_t my_fb;          /* enum shm_fb */
+	_Atomic uint32_t my_flags;       /* SHM_MY_*: marks we set (FIN, RST...) */
+	_Atomic uint64_t full_at;        /* the peer's prod when a release of ours
+					  * found its ring full: it may wait for
+					  * that credit (0: none) */
+	_Atomic uint32_t owed_engine;    /* a FAB_WAIT_ZC kick found the peer not
+					  * armed: it may wait for it */
+};
+_Static_assert(sizeof(struct shm_ep) <= FAB_EP_PRIV, "fits the endpoint");
+static inline struct shm_ep *SE(struct fab_ep *ep) { return (struct shm_ep *)(void *)ep->priv; }
+
+enum { SHM_MY_FIN = 1, SHM_MY_ABORT = 2, SHM_MY_RDSHUT = 4, SHM_MY_CLOSED = 8 };
 
 /* A control block's `fb` word: leaving SDP for TCP (fallback). */
 enum shm_fb {
@@ -144,6 +173,7 @@ extern const struct fab_ops fab_shm_ops;
 
 /* shm_region.c: the ops-table entries that make and give back memory. */
 void shm_init(const struct fab_params *p);
+bool shm_fits(uint32_t nslots, uint32_t slot_size);
 int  shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer *o);
 int  shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s,
 		const struct fab_offer *o);

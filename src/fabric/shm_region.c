@@ -102,6 +102,11 @@ void shm_init(const struct fab_params *p)
 
 static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }
 
+bool shm_fits(uint32_t nslots, uint32_t slot_size)
+{
+	return page_up(region_size(nslots, slot_size)) <= SHM_MEMFD_MAX;
+}
+
 static struct shm_map *map_of(const void *p)
 {
 	for (int i = 0; i < SHM_MAPS; i++)
@@ -173,6 +178,9 @@ static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
 	ep->nslots = nslots;
 	ep->slot_size = slot_size;
 	ep->flags = flags;
+	/* Our private copies of what we publish (the control blocks are
+	 * zeroed): all zero. */
+	memset(ep->priv, 0, sizeof ep->priv);
 }
 
 static int memfd_new(size_t len)
@@ -241,8 +249,12 @@ static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_si
 	struct shm_map *m = map_slot();
 	if (!m)
 		return NULL;
+	/* The peer maps the whole arena: no more slots than its limit holds. */
 	size_t slot_len = page_up(region_size(nslots, slot_size));
-	size_t len = slot_len * arena_slots;
+	size_t fit = SHM_MEMFD_MAX / slot_len;
+	if (!fit)
+		return NULL;
+	size_t len = slot_len * (arena_slots < fit ? arena_slots : fit);
 	int fd = memfd_new(len);
 	if (fd < 0)
 		return NULL;
@@ -370,13 +382,27 @@ static int seals_ok(int memfd)
 			     (F_SEAL_SHRINK | F_SEAL_GROW);
 }
 
-/* A mapping of memfd from off, of its own (unmapped by shm_unmap). */
+/* A mapping of memfd from off, of its own (unmapped by shm_unmap): the
+ * rest of the memfd (a region of its own), or, for a slot of an arena we
+ * could not map whole, just that region (its header says how long). */
 static int attach_own(struct fab_ep *ep, int memfd, const struct stat *st,
-		      uint32_t side, uint64_t off)
+		      uint32_t side, uint64_t off, bool slot)
 {
 	if (!seals_ok(memfd))
 		return -EPROTO;               /* peer could truncate under us */
 	size_t len = (size_t)((uint64_t)st->st_size - off);
+	if (slot) {
+		struct shm_hdr *h = mmap(NULL, SHM_HDR_SIZE, PROT_READ, MAP_SHARED,
+					 memfd, (off_t)off);
+		if (h == MAP_FAILED)
+			return -errno;
+		uint32_t n, sz;
+		int r = hdr_check(h, len, &n, &sz);
+		munmap(h, SHM_HDR_SIZE);
+		if (r < 0)
+			return r;
+		len = region_size(n, sz);
+	}
 	void *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, memfd,
 			  (off_t)off);
 	if (base == MAP_FAILED)
@@ -396,12 +422,12 @@ static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 	struct stat st;
 	if (fstat(memfd, &st) < 0)
 		return -errno;
-	if ((size_t)st.st_size < SHM_HDR_SIZE || st.st_size > (1l << 34) ||
+	if ((size_t)st.st_size < SHM_HDR_SIZE || (uint64_t)st.st_size > SHM_MEMFD_MAX ||
 	    (off & 4095) || off > (uint64_t)st.st_size - SHM_HDR_SIZE ||
 	    (!pooled && off))
 		return -EPROTO;
 	if (!pooled)
-		return attach_own(ep, memfd, &st, side, off);
+		return attach_own(ep, memfd, &st, side, off, false);
 
 	lock();
 	struct shm_map *m = NULL;
@@ -420,7 +446,7 @@ static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 		if (base == MAP_FAILED) {
 			unlock();
 			/* No room to cache it: map this region alone. */
-			return attach_own(ep, memfd, &st, side, off);
+			return attach_own(ep, memfd, &st, side, off, true);
 		}
 		*m = (struct shm_map){ .base = base, .len = (size_t)st.st_size,
 				       .dev = (uint64_t)st.st_dev,

@@ -58,7 +58,7 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 	/* A provider whose connection was not up yet (ofi) answers a FIN by
 	 * going to TCP: hand back now, and shut the socket as asked. */
 	if (sdp_fallback_by_peer(c) && !atomic_load(&c->fb_done) &&
-	    sdp_fallback(c, fd) == 0)
+	    sdp_fallback_fd(c, fd) == 0)
 		sys_shutdown(fd, how);
 	return 0;
 }
@@ -95,7 +95,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 			 * answers a FIN by going to TCP: hand what we posted
 			 * back on the socket before it closes. */
 			if (sdp_fallback_by_peer(c) && !atomic_load(&c->fb_done))
-				sdp_fallback(c, fd);
+				sdp_fallback_fd(c, fd);
 		}
 	}
 	/* Stop asking for kicks and eat tokens already queued, so that the

@@ -93,8 +93,7 @@ struct sdp_conn {
 					* Our SO_RCVBUF is in our control block */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
-	_Atomic uint32_t sent_after_close; /* one send after the peer closed (TCP:
-					    * accepted, answered by RST) */
+	_Atomic uint32_t reset_told;   /* the peer was kicked to see our reset */
 
 	uint32_t rx_off;               /* bytes of the head Data/SrcAvail consumed */
 	uint32_t tx_mseq;              /* last BSDH mseq sent */
@@ -148,6 +147,13 @@ void sdp_unlock(pthread_mutex_t *m);
  * usual case) is the watcher and sleeps unbounded: an idle connection
  * costs no CPU. */
 #define SDP_SHARED_SLICE_MS 10
+/* No library sleep on a connection lasts longer than this without a fresh
+ * look at the shared state (and a new request to be kicked), except the
+ * watcher's blocking recv(MSG_PEEK), which must stay the kernel's own for
+ * exact signal and SO_RCVTIMEO behaviour: a corruption of the region that
+ * clears a sleeper's request to be kicked then costs at most this delay
+ * where the sleep is bounded (ARCHITECTURE.md section 11). */
+#define SDP_CHECK_MS 1000
 
 /* ---- tx.c / rx.c (Buffer Copy data path) ---------------------------------- */
 ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
@@ -177,7 +183,7 @@ uint32_t sdp_credits(struct sdp_conn *c);         /* messages we may post now */
 uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
-void    sdp_arm(struct sdp_conn *c, unsigned events);
+void    sdp_arm(struct sdp_conn *c, int fd, unsigned events);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
@@ -194,17 +200,29 @@ enum {
 };
 int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 		 pthread_mutex_t *held);
+/* A receive of this thread that waits with messages still queued (a
+ * MSG_PEEK leaves them there) has looked at the peer's messages up to this
+ * count: its FAB_WAIT_RX is met only by a later one. 0: any message. */
+extern _Thread_local uint64_t sdp_rx_seen;
+/* ... and if not 0, the id of a SrcAvail it refused to read: the source
+ * revoking it (cancel_last reaching it) meets the wait too. */
+extern _Thread_local uint32_t sdp_rx_revoke;
 /* Spin as sdp_wait would before sleeping: 1 met, 0 not, or -errno. */
 int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 /* The peer's state failed its provider's peer_sane check (why: what). */
 void    sdp_abort_insane(struct sdp_conn *c, const char *why);
+/* The connection is reset: make sure the peer sees it (our mark + kick). */
+void    sdp_reset_tell(struct sdp_conn *c, int fd);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);
 bool    sdp_is_reset(struct sdp_conn *c);
 /* Report a reset once (recv/send/SO_ERROR): true the first time. */
 bool    sdp_take_reset(struct sdp_conn *c);
+/* tx.c: the errno TCP reports for a reset not reported yet (0 = none):
+ * EPIPE if the peer's FIN came before it, else ECONNRESET. Once. */
+int     sdp_reset_errno(struct sdp_conn *c);
 
 /* ---- the endpoint's provider, for the engine's files --------------------- */
 /* Do the peer's marks (enum fab_mark) include m? Ours: FAB_MY(m). */
@@ -273,7 +291,13 @@ void sdp_release_tcp(struct sdp_conn *c);
 void sdp_conn_drop(struct sdp_conn *c);
 
 /* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
-int  sdp_fallback(struct sdp_conn *c, int fd);
+/* *subst >= 0: the peer was gone and left bytes we had not read; every fd
+ * of this process that names c is to name *subst instead (a socket that
+ * yields them, then EOF or a reset), and *subst is then closed. */
+int  sdp_fallback(struct sdp_conn *c, int fd, int *subst);
+/* The same from inside the engine, where only fd is known: a substitute
+ * replaces fd alone (the switch turns the other fds to TCP later). */
+int  sdp_fallback_fd(struct sdp_conn *c, int fd);
 void sdp_fallback_publish(struct sdp_conn *c, int fd);
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
@@ -284,14 +308,24 @@ bool sdp_fallback_started(struct sdp_conn *c);
 
 /* ---- hello.c: rendezvous and connection set-up ---------------------------- */
 struct sdp_listener;
-int  sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out);
+/* A listening socket: publish (or join, SO_REUSEPORT) its rendezvous.
+ * offer: the policy allows SDP (over the provider pref says); a
+ * SO_REUSEPORT listener that may not offer it still joins its group, to
+ * withdraw it for every member. */
+int  sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listener **out);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
-/* Accepted TCP socket newfd: SDP connection if its client sent a hello. */
-/* *refuse < 0: the client said hello but cannot be served (-errno):
- * reset the connection rather than keep it TCP on our side only. */
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse);
+/* Hellos taken from the rendezvous and kept for connections not accepted
+ * yet: each holds the client's memfd (a descriptor of ours). */
+int  sdp_listener_pending(const struct sdp_listener *l);
+/* Accepted TCP socket newfd: SDP connection if its client sent a hello.
+ * *refuse < 0: the client said hello but cannot be served (-errno, *why
+ * says why): reset the connection rather than keep it TCP on our side
+ * only. *refuse > 0: an internal connection (a listener joining the
+ * SO_REUSEPORT group woke us with it): close it unseen. */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
+				  const char **why);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
 struct sdp_connect_state {

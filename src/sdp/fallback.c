@@ -21,6 +21,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdint.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <sched.h>
 #include <time.h>
 #include <string.h>
@@ -69,7 +74,8 @@ static int discard_tokens(struct fab_ep *ep, int fd)
 		size_t want = due < sizeof buf ? (size_t)due : sizeof buf;
 		ssize_t r = syscall(SYS_recvfrom, fd, buf, want, MSG_DONTWAIT, NULL, NULL);
 		if (r > 0) {
-			ep->ops->tokens_took(ep, (uint64_t)r);
+			if (ep->ops->tokens_took(ep, buf, (size_t)r) < 0)
+				return -EPROTO;   /* not a token */
 			last = sdp_now_ns();
 			continue;
 		}
@@ -171,18 +177,22 @@ void sdp_fallback_publish(struct sdp_conn *c, int fd)
  * the kick the peer gives after its stage 1 wakes us (the peer has not
  * seen our mark yet while it is on SDP; once it follows, its kick is
  * counted before its count is frozen). Between the peer's two stages
- * there are only a few stores: yield for them, then nap in short slices,
- * so a peer stopped there costs no CPU. Tokens are taken only as the
+ * there are only a few stores: yield for them, then nap in slices growing
+ * from 1 to 100 ms, so a peer stopped there (or a mark that a third
+ * process wrote) costs no CPU. Tokens are taken only as the
  * connection's watcher (another thread's sleep may be taking them).
  */
 static int wait_peer_final(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
 	unsigned yields = 0;
+	int nap = 1;                          /* ms, doubling up to 100 */
 	for (;;) {
+		/* Gone by the kernel's word (its FIN or RST; a `closed` mark
+		 * alone is not trusted: the FIN follows it at once), or reset. */
 		if (atomic_load(&c->peer_gone) || sdp_marked(c, FAB_M_ABORT) ||
 		    atomic_load(&c->state) == SDP_ST_RESET)
-			return -ECONNRESET;   /* nothing to hand over: TCP says the rest */
+			return 1;             /* the peer will not follow */
 		ep->ops->arm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT);
 		bool watching = sdp_watch(c);
 		unsigned pfb = ep->ops->marks(ep, FAB_M_FB | FAB_M_FB_FINAL);
@@ -199,7 +209,8 @@ static int wait_peer_final(struct sdp_conn *c, int fd)
 				sched_yield();
 				continue;
 			}
-			ms = 1;
+			ms = nap;
+			nap = nap < 50 ? nap * 2 : 100;
 		}
 		if (watching) {
 			struct pollfd p = { .fd = fab_wait_fd(ep, fd), .events = POLLIN };
@@ -215,6 +226,242 @@ static int wait_peer_final(struct sdp_conn *c, int fd)
 	}
 }
 
+/* ---- a peer that can no longer follow ------------------------------------ */
+
+/*
+ * The peer closed its socket, died, or the connection was reset, before
+ * it could take part in the hand-back. The bytes it posted into our ring
+ * that we have not consumed can then never be re-sent by it, yet TCP
+ * would deliver them (they were "in the kernel" from the application's
+ * point of view): we hand them over ourselves. The descriptor becomes an
+ * AF_UNIX stream socket that yields exactly what recv() on the SDP socket
+ * would have - those bytes, then EOF, or ECONNRESET once and then EOF -
+ * to whoever reads it next, with or without libsdp, in this process,
+ * after exec or in a process it is passed to. The bytes are queued in the
+ * socket when they fit its buffer; the rest is written by a small process
+ * of its own (below), so the hand-back never waits for a reader.
+ */
+
+/* How recv() would end once the ring is empty: 0 (EOF) or ECONNRESET. */
+static int orphan_end(struct sdp_conn *c)
+{
+	unsigned m = c->ep.ops->marks(&c->ep, FAB_M_ABORT | FAB_M_FIN | FAB_M_CLOSED);
+	if (atomic_load(&c->state) == SDP_ST_RESET || (m & FAB_M_ABORT) ||
+	    atomic_load(&c->peer_gone) == 2)
+		return ECONNRESET;
+	if (atomic_load(&c->peer_gone) == 1 || (m & (FAB_M_FIN | FAB_M_CLOSED)))
+		return 0;                     /* closed in order: FIN */
+	return ECONNRESET;
+}
+
+/*
+ * The payload of the peer's messages we have not consumed, in order, as
+ * recv() would deliver it: copied to out (at most cap bytes) unless out is
+ * NULL; returns the byte count, *end says how the stream ends after it.
+ * Headers are checked as rx.c checks them; anything that cannot be
+ * delivered without the peer (an unread SrcAvail names its memory) ends
+ * the stream there with a reset.
+ */
+static size_t orphan_bytes(struct sdp_conn *c, char *out, size_t cap, int *end)
+{
+	struct fab_ep *ep = &c->ep;
+	struct sdp_zctl *pz = sdp_zc_peer(c);
+	size_t n = 0;
+	*end = orphan_end(c);
+	for (uint32_t idx = 0;; idx++) {
+		const void *msg;
+		size_t scap;
+		int r = ep->ops->rx_peek(ep, idx, &msg, &scap);
+		if (r == -EAGAIN)
+			return n;
+		struct sdp_bsdh h;
+		if (r == 0)
+			memcpy(&h, msg, sizeof h);
+		if (r || h.len < sizeof h || h.len > scap ||
+		    h.mseq != (uint32_t)(ep->ops->rx_seq(ep) + 1 + idx))
+			break;
+		const char *pl = (const char *)msg + sizeof h;
+		uint32_t plen = h.len - (uint32_t)sizeof h;
+		if (h.mid == SDP_MID_DATA) {
+			uint32_t off = idx == 0 ? c->rx_off : 0;
+			if (off > plen)
+				break;
+			size_t k = plen - off;
+			if (out) {
+				if (k > cap - n)
+					k = cap - n;
+				memcpy(out + n, pl + off, k);
+			}
+			n += k;
+			continue;
+		}
+		if (h.mid == SDP_MID_MODE_CHANGE)
+			continue;
+		if (h.mid == SDP_MID_SRC_AVAIL && plen == sizeof(struct sdp_srcavail)) {
+			struct sdp_srcavail sa;
+			memcpy(&sa, pl, sizeof sa);
+			uint32_t cid = atomic_load(&pz->cancel_id);
+			if (cid && sa.id <= atomic_load(&pz->cancel_last) && sa.id > c->rx_src_id)
+				continue;         /* revoked: no stream bytes */
+			break;                    /* in the peer's memory */
+		}
+		if (h.mid == SDP_MID_DISCONN) {
+			*end = 0;
+			return n;
+		}
+		break;                            /* AbortConn, or malformed */
+	}
+	*end = ECONNRESET;
+	return n;
+}
+
+/* Signal dispositions back to the default, by raw system call (the
+ * kernel's struct sigaction: handler, flags, restorer, mask). */
+static void default_signals(void)
+{
+	struct { void *handler; unsigned long flags; void *restorer; uint64_t mask; }
+		sa = { SIG_DFL, 0, NULL, 0 };
+	for (int sig = 1; sig <= 64; sig++)
+		if (sig != SIGKILL && sig != SIGSTOP)
+			syscall(SYS_rt_sigaction, sig, &sa, NULL, (size_t)8);
+}
+
+/* The feeder process: write buf to feed, then close it. With EOF as the
+ * end, first discard what the reader wrote meanwhile (left unread, it
+ * would turn the EOF into a reset); with a reset, the byte we put there
+ * stays. Only raw system calls: this is a copy of any process. */
+static void __attribute__((noreturn))
+feeder_main(int feed, const char *buf, size_t len, bool reset)
+{
+	default_signals();
+	syscall(SYS_prctl, PR_SET_NAME, "sdp-feeder", 0, 0, 0);
+	/* Nothing of the application's stays open here (a pipe's write
+	 * end held by us would keep its reader from ever seeing EOF). */
+	if ((feed > 0 && syscall(SYS_close_range, 0u, (unsigned)feed - 1, 0u) < 0) ||
+	    syscall(SYS_close_range, (unsigned)feed + 1, ~0u, 0u) < 0) {
+		struct { uint64_t cur, max; } rl = { 1024, 1024 };
+		syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl);
+		for (uint64_t fd = 0; fd < rl.cur && fd < (1u << 20); fd++)
+			if ((int)fd != feed)
+				syscall(SYS_close, (int)fd);
+	}
+	while (len) {
+		long r = syscall(SYS_sendto, feed, buf, len, MSG_NOSIGNAL, NULL, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;                    /* the reader is gone */
+		buf += r;
+		len -= (size_t)r;
+	}
+	if (!reset) {
+		char junk[4096];
+		while (syscall(SYS_recvfrom, feed, junk, sizeof junk, MSG_DONTWAIT,
+			       NULL, NULL) > 0)
+			;
+	}
+	syscall(SYS_exit_group, 0);
+	__builtin_unreachable();
+}
+
+/*
+ * Start the feeder. Raw clone calls: no atfork handler of the application
+ * runs, and the application never sees a child of ours - the intermediate
+ * process has no exit signal and is reaped here at once; the feeder it
+ * starts is re-parented (to init or a subreaper) and ends by itself when
+ * its bytes are written or the reader is gone.
+ */
+static int spawn_feeder(int feed, const char *buf, size_t len, bool reset)
+{
+	long pid = syscall(SYS_clone, 0ul, NULL, NULL, NULL, 0ul);
+	if (pid < 0)
+		return -errno;
+	if (pid == 0) {
+		long p2 = syscall(SYS_clone, (unsigned long)SIGCHLD, NULL, NULL, NULL, 0ul);
+		if (p2 == 0)
+			feeder_main(feed, buf, len, reset);
+		syscall(SYS_exit_group, p2 < 0 ? 1 : 0);
+	}
+	int st = 0;
+	while (syscall(SYS_wait4, pid, &st, __WALL, NULL) < 0 && errno == EINTR)
+		;
+	return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -EAGAIN;
+}
+
+/*
+ * Hand the unconsumed bytes over in an AF_UNIX stream socket; *subst gets
+ * the descriptor the application's fds are to name from now on (-1: the
+ * TCP socket itself says the rest: nothing was left and it ends in EOF).
+ */
+static void orphan_handover(struct sdp_conn *c, int fd, int *subst)
+{
+	int end;
+	size_t len = orphan_bytes(c, NULL, 0, &end);
+	if (len == 0 && end == 0)
+		return;                       /* the kernel's FIN says it */
+	int sp[2] = { -1, -1 };
+	char *buf = MAP_FAILED;
+	const char *why = NULL;
+	if (syscall(SYS_socketpair, AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp) < 0) {
+		why = "no socket";
+		goto fail;
+	}
+	if (len) {
+		buf = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			   -1, 0);
+		if (buf == MAP_FAILED) {
+			why = "no memory";
+			goto fail;
+		}
+		len = orphan_bytes(c, buf, len, &end);
+	}
+	/* Room for all of it in the socket if we may (SO_SNDBUFFORCE needs
+	 * CAP_NET_ADMIN), else as much as the system allows. */
+	int want = len + 65536 > (size_t)INT32_MAX / 2 ? INT32_MAX / 2 : (int)(len + 65536);
+	if (sys_setsockopt(sp[1], SOL_SOCKET, SO_SNDBUFFORCE, &want, sizeof want) < 0)
+		sys_setsockopt(sp[1], SOL_SOCKET, SO_SNDBUF, &want, sizeof want);
+	size_t done = 0;
+	while (done < len) {
+		ssize_t r = syscall(SYS_sendto, sp[1], buf + done, len - done,
+				    MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		done += (size_t)r;
+	}
+	/* A reset: a byte left unread at the far end when it closes makes
+	 * the kernel report ECONNRESET after the queued bytes. */
+	if (end && syscall(SYS_sendto, sp[0], "R", 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+			   NULL, 0) != 1) {
+		why = "cannot queue the reset";
+		goto fail;
+	}
+	if (done < len && spawn_feeder(sp[1], buf + done, len - done, end != 0) < 0) {
+		why = "no process for the rest";
+		goto fail;
+	}
+	sys_close(sp[1]);
+	if (buf != MAP_FAILED)
+		munmap(buf, len);
+	int fl = sys_fcntl(fd, F_GETFL, 0);
+	if (fl >= 0 && (fl & O_NONBLOCK))
+		sys_fcntl(sp[0], F_SETFL, O_RDWR | O_NONBLOCK);
+	*subst = sp[0];
+	sdp_log(1, "fd %d: the peer is gone; its %zu unread bytes are handed over "
+		"in a local socket, then %s", fd, len, end ? "a reset" : "EOF");
+	return;
+fail:
+	sdp_log(0, "fd %d: the peer is gone and its %zu unread bytes cannot be "
+		"handed over (%s): lost", fd, len, why);
+	if (sp[0] >= 0) {
+		sys_close(sp[0]);
+		sys_close(sp[1]);
+	}
+	if (buf != MAP_FAILED)
+		munmap(buf, len);
+}
+
 /* Are a and b the two ends of one connection (both in this process)? */
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
 {
@@ -222,9 +469,10 @@ bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
 	       a->token && a->token == b->token;
 }
 
-int sdp_fallback(struct sdp_conn *c, int fd)
+int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
 {
 	struct fab_ep *ep = &c->ep;
+	*subst = -1;
 	if (atomic_load(&c->fb_done))
 		return 0;
 	if (sdp_lock(&c->tx_lock))
@@ -244,11 +492,22 @@ int sdp_fallback(struct sdp_conn *c, int fd)
 	}
 	leave(c, fd);
 	r = wait_peer_final(c, fd);
-	if (r)
+	if (r) {
+		/* Nothing to hand over together: what the peer left is ours
+		 * to deliver, TCP (or the substitute) says the rest. */
+		orphan_handover(c, fd, subst);
+		r = -ECONNRESET;
 		goto done;
+	}
 	r = resend_unconsumed(c, fd);
-	if (!r)
-		r = discard_tokens(ep, fd);
+	if (!r || r == -EPIPE || r == -ECONNRESET) {
+		/* Even when the peer died under our re-send, the wake-up bytes
+		 * it had written are ahead of whatever else it sent us: they
+		 * must not reach the application as data. */
+		int d = discard_tokens(ep, fd);
+		if (!r)
+			r = d;
+	}
 done:
 	if (r && r != -ECONNRESET && r != -EPIPE) {
 		/* The streams cannot be handed over intact: end the TCP
@@ -264,6 +523,18 @@ done:
 out:
 	sdp_unlock(&c->rx_lock);
 	sdp_unlock(&c->tx_lock);
+	return r;
+}
+
+int sdp_fallback_fd(struct sdp_conn *c, int fd)
+{
+	int subst;
+	int r = sdp_fallback(c, fd, &subst);
+	if (subst >= 0) {
+		int fl = sys_fcntl(fd, F_GETFD, 0);
+		syscall(SYS_dup3, subst, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+		sys_close(subst);
+	}
 	return r;
 }
 

@@ -4,7 +4,8 @@
  * Listener: when an application listens on a TCP socket that policy allows
  * for SDP, we publish a rendezvous: an abstract AF_UNIX SOCK_SEQPACKET socket
  * named after the listening address and port (and our uid). Abstract names
- * vanish with their last holder: nothing is left behind on a crash.
+ * vanish with their last holder: nothing is left behind on a crash. The
+ * listeners of a SO_REUSEPORT group share one rendezvous (group.c).
  *
  * Client: before its TCP connect, a client allowed to use SDP asks the
  * fabric registry for a provider that reaches the destination (fab_choose:
@@ -24,7 +25,10 @@
  * before the TCP connection existed, "no hello" means "not an SDP client":
  * the decision needs no timeout and no byte on the TCP stream. A hello is
  * accepted only from the listener's uid (SO_PEERCRED); the provider it
- * names consumes the offer (shm: maps and validates the memory).
+ * names consumes the offer (shm: maps and validates the memory). A client
+ * whose hello is there but cannot be served - its memory did not arrive,
+ * its offer is refused, its version is another - is committed all the
+ * same: its connection is reset, never kept as TCP on our side only.
  *
  * Forked servers (one listening socket, several accepting processes) share
  * the rendezvous: each process takes the queue's hellos under a process-
@@ -46,51 +50,13 @@
 #include "sdp/conn.h"
 #include "sdp/hello_net.h"
 #include "sdp/proto.h"
+#include "sdp/rendezvous.h"
 #include "sdp/sys.h"
 #include "sdp/log.h"
 
 #define HELLO_STALE_NS (120ull * 1000000000ull)
 
-struct pending {
-	struct sdp_hello h;            /* h.pid: the sender as SO_PEERCRED says */
-	int fds[FAB_OFFER_FDS];        /* the offer's descriptors (h.nfds), ours */
-	uint64_t rx_ns;                /* when we took it (our clock, not theirs) */
-};
-
-struct lshared {                   /* shared by processes forked after listen */
-	pthread_mutex_t lock;
-	_Atomic uint32_t nproc;
-	uint64_t secret;               /* proves a put-back hello is a sibling's */
-};
-
-#define SILENT_MAX 32
-struct silent {                    /* rendezvous connections with no hello yet */
-	int fd;
-	uint64_t since_ns;
-	bool net;                      /* the network rendezvous (hello_net.c) */
-};
-
-struct sdp_listener {
-	int rv;                        /* rendezvous socket (abstract, listening) */
-	int net;                       /* network rendezvous (hello_net.c), or -1 */
-	enum fab_pref pref;            /* the policy's choice of provider */
-	struct sockaddr_un name;
-	socklen_t namelen;
-	uid_t uid;                     /* creator: the only uid we take hellos from */
-	struct lshared *sh;
-	struct pending *pend;
-	int npend, cap;
-	struct silent silent[SILENT_MAX];
-	int nsilent;
-};
-
 /* ---- addresses -------------------------------------------------------------- */
-
-struct key {                       /* normalized address: v4-mapped -> v4 */
-	uint16_t family;
-	uint8_t  addr[16];
-	uint16_t port;                 /* network order */
-};
 
 static int key_of(const struct sockaddr *sa, socklen_t len, struct key *k)
 {
@@ -117,6 +83,11 @@ static int key_of(const struct sockaddr *sa, socklen_t len, struct key *k)
 	return -EAFNOSUPPORT;
 }
 
+int rv_key_of(const struct sockaddr *sa, socklen_t len, struct key *k)
+{
+	return key_of(sa, len, k);
+}
+
 static socklen_t rv_name(struct sockaddr_un *un, uid_t uid, const struct key *k)
 {
 	memset(un, 0, sizeof *un);
@@ -130,69 +101,14 @@ static socklen_t rv_name(struct sockaddr_un *un, uid_t uid, const struct key *k)
 	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
 }
 
-/* ---- listener ---------------------------------------------------------------- */
-
-int sdp_listener_open(int fd, enum fab_pref pref, struct sdp_listener **out)
+socklen_t rv_name_of(struct sockaddr_un *un, uid_t uid, const struct key *k)
 {
-	union sdp_addr a;
-	socklen_t len = sizeof a;
-	struct key k;
-	int one = 0;
-	socklen_t ol = sizeof one;
-	*out = NULL;
-	if (sys_getsockname(fd, &a, &len) < 0 || key_of(&a.sa, len, &k) < 0)
-		return -errno;
-	/* SO_REUSEPORT spreads connections over several listeners that we
-	 * cannot tell apart: stay on TCP. */
-	if (sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one) {
-		sdp_why("SO_REUSEPORT is set: its connections spread over "
-			"listeners SDP cannot tell apart");
-		return 0;
-	}
-	struct sdp_listener *l = calloc(1, sizeof *l);
-	if (!l)
-		return -ENOMEM;
-	l->uid = geteuid();
-	l->pref = pref;
-	l->namelen = rv_name(&l->name, l->uid, &k);
-	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-	if (l->rv < 0)
-		goto fail;
-	if (sys_bind(l->rv, &l->name, l->namelen) < 0 || sys_listen(l->rv, 4096) < 0) {
-		sdp_why("rendezvous not published: %s", errno == EADDRINUSE ?
-			"its name is taken (another listener of this user on the "
-			"same address, or a squatter)" : strerror(errno));
-		goto fail;
-	}
-	l->sh = mmap(NULL, sizeof *l->sh, PROT_READ | PROT_WRITE,
-		     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-	if (l->sh == MAP_FAILED)
-		goto fail;
-	pthread_mutexattr_t ma;
-	pthread_mutexattr_init(&ma);
-	pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED);
-	pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST);
-	pthread_mutex_init(&l->sh->lock, &ma);
-	pthread_mutexattr_destroy(&ma);
-	atomic_store(&l->sh->nproc, 1);
-	if (getrandom(&l->sh->secret, sizeof l->sh->secret, 0) != sizeof l->sh->secret) {
-		munmap(l->sh, sizeof *l->sh);
-		goto fail;
-	}
-	l->net = sdp_net_listen(fd, pref);
-	*out = l;
-	return 0;
-fail:;
-	int e = -errno;
-	if (l->rv >= 0)
-		sys_close(l->rv);
-	free(l);
-	return e;
+	return rv_name(un, uid, k);
 }
 
 static void close_fds(const int *fds, unsigned n)
 {
-	for (unsigned i = 0; i < n; i++)
+	for (unsigned i = 0; i < n && i < FAB_OFFER_FDS; i++)
 		sys_close(fds[i]);
 }
 
@@ -205,22 +121,87 @@ static void close_offer_fds(struct fab_offer *o)
 	o->nfds = 0;
 }
 
+/* ---- listener ---------------------------------------------------------------- */
+
+int sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listener **out)
+{
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	struct key k;
+	int one = 0;
+	socklen_t ol = sizeof one;
+	*out = NULL;
+	if (sys_getsockname(fd, &a, &len) < 0 || key_of(&a.sa, len, &k) < 0)
+		return -errno;
+	/* SO_REUSEPORT spreads connections over several listening sockets,
+	 * maybe in unrelated processes: they share one rendezvous. */
+	if (sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one) {
+		int r = k.port ? group_open(fd, &k, offer, out) : 0;
+		if (*out)
+			(*out)->pref = pref;
+		return r;
+	}
+	if (!offer)
+		return 0;
+	struct sdp_listener *l = calloc(1, sizeof *l);
+	if (!l)
+		return -ENOMEM;
+	l->uid = geteuid();
+	l->pref = pref;
+	l->k = k;
+	l->join = -1;
+	l->shfd = -1;
+	l->refs = 1;
+	l->fd_owned = true;
+	l->namelen = rv_name(&l->name, l->uid, &k);
+	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (l->rv < 0)
+		goto fail;
+	if (sys_bind(l->rv, &l->name, l->namelen) < 0 || sys_listen(l->rv, 4096) < 0) {
+		sdp_why("rendezvous not published: %s", errno == EADDRINUSE ?
+			"its name is taken (another listener of this user on the "
+			"same address, or a squatter)" : strerror(errno));
+		goto fail;
+	}
+	int e = lshared_init(l, false);
+	if (e < 0) {
+		errno = -e;
+		goto fail;
+	}
+	/* Clients of other hosts: the network rendezvous (hello_net.c). */
+	l->net1 = sdp_net_listen(fd, pref) + 1;
+	*out = l;
+	return 0;
+fail:;
+	int err = -errno;
+	if (l->rv >= 0)
+		sys_close(l->rv);
+	free(l);
+	return err;
+}
+
+/* No fd of this process names the listener any more. */
 void sdp_listener_close(struct sdp_listener *l)
 {
-	if (!l)
-		return;
+	if (l)
+		group_close(l);
+}
+
+/* Free what the listener holds in this process (group.c, last reference). */
+void listener_free(struct sdp_listener *l)
+{
 	for (int i = 0; i < l->npend; i++)
 		close_fds(l->pend[i].fds, l->pend[i].h.nfds);
 	for (int i = 0; i < l->nsilent; i++)
 		sys_close(l->silent[i].fd);
 	free(l->pend);
-	sys_close(l->rv);
-	if (l->net >= 0)
-		sys_close(l->net);
-	if (l->sh && l->sh != MAP_FAILED) {
-		atomic_fetch_sub(&l->sh->nproc, 1);
-		munmap(l->sh, sizeof *l->sh);
-	}
+	if (l->rv >= 0)
+		sys_close(l->rv);
+	if (l->net1 > 0)
+		sys_close(l->net1 - 1);
+	if (l->join >= 0)
+		sys_close(l->join);
+	lshared_drop(l);
 	free(l);
 }
 
@@ -228,49 +209,131 @@ void sdp_listener_close(struct sdp_listener *l)
  * cannot see our rendezvous (exec, SCM_RIGHTS): stop offering SDP on it for
  * every process sharing it. shutdown() on the shared AF_UNIX listener makes
  * every new rendezvous connect fail, so new clients stay on TCP. */
+int sdp_listener_pending(const struct sdp_listener *l)
+{
+	return l ? l->npend : 0;
+}
+
 void sdp_listener_withdraw(struct sdp_listener *l)
 {
-	sys_shutdown(l->rv, SHUT_RDWR);
-	if (l->net >= 0)
-		sys_shutdown(l->net, SHUT_RDWR);
+	if (l && l->net1 > 0)
+		sys_shutdown(l->net1 - 1, SHUT_RDWR);
+	group_withdraw(l);
 }
 
 void sdp_listener_fork(struct sdp_listener *l, int delta)
 {
-	if (delta > 0)
-		atomic_fetch_add(&l->sh->nproc, 1);
-	else
-		atomic_fetch_sub(&l->sh->nproc, 1);
+	group_fork(l, delta);
 }
 
-/* Take one hello from a connected rendezvous socket s (nonblocking).
- * 1: taken into l->pend, 0: nothing there yet, -1: dropped (bad).
+/* Send msg (len bytes) with nfds descriptors on a connected rendezvous
+ * socket s, never blocking. Returns 0 or -errno. */
+int rv_send(int s, const void *msg, size_t len, const int *fds, int nfds)
+{
+	struct iovec iov = { (void *)msg, len };
+	union { struct cmsghdr c; char buf[CMSG_SPACE(2 * sizeof(int))]; } u;
+	memset(&u, 0, sizeof u);
+	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
+	if (nfds > 0 && nfds <= 2) {
+		m.msg_control = u.buf;
+		m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
+		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
+		cm->cmsg_level = SOL_SOCKET;
+		cm->cmsg_type = SCM_RIGHTS;
+		cm->cmsg_len = CMSG_LEN((size_t)nfds * sizeof(int));
+		memcpy(CMSG_DATA(cm), fds, (size_t)nfds * sizeof(int));
+	}
+	if (sys_sendmsg(s, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
+		return errno ? -errno : -EIO;
+	return 0;
+}
+
+/* Send a hello (len bytes: a client's, or a returned one with its
+ * secret) with its offer's descriptors on a connected rendezvous socket s.
+ * Returns 0 or -errno. */
+static int hello_put(int s, const void *h, size_t len, const int *fds, unsigned nfds)
+{
+	return rv_send(s, h, len, fds, (int)nfds);
+}
+
+/* The TCP connection a hello names: listening side and peer. */
+static bool hello_keys(const struct sdp_hello *h, struct key *lk, struct key *pk)
+{
+	if (h->family != AF_INET && h->family != AF_INET6)
+		return false;
+	memset(lk, 0, sizeof *lk);
+	memset(pk, 0, sizeof *pk);
+	lk->family = pk->family = h->family;
+	size_t n = h->family == AF_INET ? 4 : 16;
+	memcpy(lk->addr, h->dst_addr, n);
+	memcpy(pk->addr, h->src_addr, n);
+	lk->port = h->dst_port;
+	pk->port = h->src_port;
+	return true;
+}
+
+/* Bytes of the offer after offer_len are zero. */
+static bool offer_tail_zero(const struct sdp_hello *h)
+{
+	for (size_t i = h->offer_len; i < sizeof h->offer; i++)
+		if (h->offer[i])
+			return false;
+	return true;
+}
+
+/* Why a connection is reset, for the log. */
+static const char *tomb_text(int err)
+{
+	switch (err) {
+	case EMFILE: case ENFILE:
+		return "its hello arrived without its memory (out of file descriptors)";
+	case EPROTONOSUPPORT:
+		return "its hello is of another protocol version";
+	case EPROTO:
+		return "its hello is malformed";
+	case ENOMEM:
+		return "no memory to keep its hello";
+	case EXDEV:
+		return "its hello could not be passed on to the process that accepted it";
+	default:
+		return "its hello could not be kept";
+	}
+}
+
+/* Take one message from a connected rendezvous socket s (nonblocking).
+ * 0: nothing there yet; -1: dropped; 1: a hello appended to l->pend;
+ * 2: recorded in the shared block instead (a hello that cannot be served,
+ * or a join request's wake-up connection): *tl, *tp name its connection;
+ * 3: a sibling handed us a rendezvous connection that was still silent:
+ * *conn, first seen at *since.
  *
  * A client's hello is taken from the listener's uid only, and its pid is
  * the kernel's (SO_PEERCRED). A hello a sibling put back (it took it but
  * accepted another connection) comes from that sibling, whose uid may
  * have changed since the fork (nginx workers run as "nobody"): it is
  * taken when it carries the listener's secret, and keeps the pid the
- * first taker verified. What the offer says is the provider's to check
- * (sdp_hello_accept). */
-static int pend_add(struct sdp_listener *l, const struct sdp_hello *hp,
-		    const int *fds, unsigned nfds);
-
-static int take_hello(struct sdp_listener *l, int s)
+ * first taker verified. A hello from our uid that names its connection but
+ * cannot be served (its descriptors did not arrive: MSG_CTRUNC at our fd
+ * limit; another version; malformed, or an offer of a provider we do not
+ * know) still comes from a committed client: that connection is recorded,
+ * and reset by whoever accepts it. What the offer says is its provider's
+ * to check (sdp_hello_accept). */
+static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key *tp,
+		      int *conn, uint64_t *since)
 {
 	struct sdp_hello_back b;
-	struct sdp_hello h;
 	/* Room for more descriptors than an offer carries: every one
 	 * received is closed unless the hello is well-formed. */
 	union { struct cmsghdr c; char buf[CMSG_SPACE(8 * sizeof(int))]; } u;
 	struct iovec iov = { &b, sizeof b };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
 			    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
+	memset(&b, 0, sizeof b);
 	ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	if (n < 0 && errno == EAGAIN)
 		return 0;
 	int fds[FAB_OFFER_FDS];
-	unsigned nfds = 0, nrecv = 0;
+	unsigned kept = 0, nfds = 0;          /* descriptors kept, received */
 	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL; cm;
 	     cm = CMSG_NXTHDR(&m, cm)) {
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
@@ -279,112 +342,114 @@ static int take_hello(struct sdp_listener *l, int s)
 		for (size_t i = 0; i < k; i++) {
 			int fd;
 			memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof fd);
-			if (nfds < FAB_OFFER_FDS)
-				fds[nfds++] = fd;
+			if (kept < FAB_OFFER_FDS)
+				fds[kept++] = fd;
 			else
 				sys_close(fd);
-			nrecv++;
+			nfds++;
 		}
 	}
-	h = b.h;
+	struct sdp_hello h = b.h;
 	bool back = h.flags & SDP_HELLO_RETURNED;
 	struct ucred cr;
 	socklen_t cl = sizeof cr;
-	static const uint8_t zero[FAB_OFFER_MAX];
-	bool ok = n == (ssize_t)(back ? sizeof b : sizeof h) && nrecv == h.nfds &&
-		  !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-		  h.magic == SDP_HELLO_MAGIC && h.version == SDP_PROTO_VERSION &&
-		  (h.flags & ~SDP_HELLO_RETURNED) == 0 && h.reserved == 0 &&
-		  fab_by_id(h.fabric) &&
-		  h.offer_len <= FAB_OFFER_MAX &&
-		  !memcmp(h.offer + h.offer_len, zero, FAB_OFFER_MAX - h.offer_len) &&
-		  sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
-		  (back ? b.secret == l->sh->secret && h.pid > 0 : cr.uid == l->uid);
-	if (!ok) {
-		close_fds(fds, nfds);
-		sdp_log(2, "rendezvous: dropped a malformed or foreign hello");
+	bool named = n >= (ssize_t)sizeof h && h.magic == SDP_HELLO_MAGIC &&
+		     hello_keys(&h, tl, tp);
+	bool ours = named && sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
+		    (back ? n == (ssize_t)sizeof b && b.secret == l->sh->secret && h.pid > 0
+			  : cr.uid == l->uid);
+	if (!ours) {
+		close_fds(fds, kept);
+		sdp_log(2, "rendezvous: dropped a %s hello", named ? "foreign" : "malformed");
 		return -1;
+	}
+	if (back && (h.flags & SDP_HELLO_CONN)) {
+		if (nfds == 1 && n == (ssize_t)sizeof b && !(m.msg_flags & MSG_CTRUNC)) {
+			*conn = fds[0];
+			*since = h.time_ns;
+			return 3;
+		}
+		close_fds(fds, kept);
+		return -1;
+	}
+	if (!back && h.version == SDP_PROTO_VERSION && h.flags == SDP_HELLO_JOIN &&
+	    n == (ssize_t)sizeof h && nfds == 0 && kept == 0) {
+		group_answer_join(l, s, &h);
+		if (h.dst_port)               /* its wake-up connection */
+			tomb_add(l->sh, TOMB_WAKE, 0, tl, tp);
+		return 2;
+	}
+	int err = 0;
+	if (h.version != SDP_PROTO_VERSION)
+		err = EPROTONOSUPPORT;
+	else if (m.msg_flags & MSG_CTRUNC)
+		err = EMFILE;                 /* the kernel could not give us the fd */
+	else if (n != (ssize_t)(back ? sizeof b : sizeof h) || (m.msg_flags & MSG_TRUNC) ||
+		 nfds != h.nfds || h.nfds > FAB_OFFER_FDS ||
+		 (h.flags & ~SDP_HELLO_RETURNED) != 0 || h.reserved != 0 ||
+		 !fab_by_id(h.fabric) || h.offer_len > FAB_OFFER_MAX ||
+		 !offer_tail_zero(&h))
+		err = EPROTO;
+	if (!err && l->npend == l->cap) {
+		int nc = l->cap ? l->cap * 2 : 16;
+		struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
+		if (np) {
+			l->pend = np;
+			l->cap = nc;
+		} else {
+			err = ENOMEM;
+		}
+	}
+	if (err) {
+		close_fds(fds, kept);
+		sdp_log(1, "rendezvous: %s: its connection will be reset", tomb_text(err));
+		tomb_add(l->sh, TOMB_RESET, err, tl, tp);
+		return 2;
 	}
 	if (!back)
 		h.pid = cr.pid;
 	h.flags &= ~SDP_HELLO_RETURNED;
-	return pend_add(l, &h, fds, nfds);
-}
-
-/* Keep a hello (and its descriptors) in l->pend: 1, or -1 (no memory: the
- * descriptors are closed). */
-static int pend_add(struct sdp_listener *l, const struct sdp_hello *hp,
-		    const int *fds, unsigned nfds)
-{
-	struct sdp_hello h = *hp;
-	if (l->npend == l->cap) {
-		int nc = l->cap ? l->cap * 2 : 16;
-		struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
-		if (!np) {
-			close_fds(fds, nfds);
-			return -1;
-		}
-		l->pend = np;
-		l->cap = nc;
-	}
+	uint64_t now = sdp_now_ns();
 	l->pend[l->npend].h = h;
-	memcpy(l->pend[l->npend].fds, fds, nfds * sizeof fds[0]);
-	l->pend[l->npend].rx_ns = sdp_now_ns();
+	memcpy(l->pend[l->npend].fds, fds, kept * sizeof fds[0]);
+	l->pend[l->npend].rx_ns = back && h.time_ns <= now ? h.time_ns : now;
 	l->npend++;
 	return 1;
 }
 
-/* Send a hello (len bytes: a client's, or a returned one with its
- * secret) with its nfds descriptors on a connected rendezvous socket s.
- * Returns 0 or -errno. */
-static int hello_put(int s, const void *h, size_t len, const int *fds, unsigned nfds)
+static bool pend_grow(struct sdp_listener *l)
 {
-	int r = 0;
-	struct iovec iov = { (void *)h, len };
-	union { struct cmsghdr c; char buf[CMSG_SPACE(FAB_OFFER_FDS * sizeof(int))]; } u;
-	memset(&u, 0, sizeof u);
-	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (nfds) {
-		m.msg_control = u.buf;
-		m.msg_controllen = CMSG_SPACE(nfds * sizeof(int));
-		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
-		cm->cmsg_level = SOL_SOCKET;
-		cm->cmsg_type = SCM_RIGHTS;
-		cm->cmsg_len = CMSG_LEN(nfds * sizeof(int));
-		memcpy(CMSG_DATA(cm), fds, nfds * sizeof(int));
-	}
-	if (sys_sendmsg(s, &m, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)len)
-		r = errno ? -errno : -EIO;
-	return r;
+	int nc = l->cap ? l->cap * 2 : 16;
+	struct pending *np = realloc(l->pend, (size_t)nc * sizeof *np);
+	if (!np)
+		return false;
+	l->pend = np;
+	l->cap = nc;
+	return true;
 }
 
-/* Put a hello back into our own rendezvous queue (a sibling may need it). */
-static int hello_send(const struct sdp_listener *l, const struct pending *p)
+/* Put a hello back into our own rendezvous queue (a sibling may need it).
+ * Its time_ns becomes when it was first taken, so that it ages across
+ * the processes that pass it on. */
+static int hello_send(const struct sdp_listener *l, const struct sdp_hello *h,
+		      const int *fds, uint64_t rx_ns)
 {
-	struct sdp_hello_back b = { .h = p->h, .secret = l->sh->secret };
+	struct sdp_hello_back b = { .h = *h, .secret = l->sh->secret };
 	b.h.flags |= SDP_HELLO_RETURNED;
+	b.h.time_ns = rx_ns;
 	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
 	int r = sys_connect(s, &l->name, l->namelen) < 0 ? -errno :
-		hello_put(s, &b, sizeof b, p->fds, p->h.nfds);
+		hello_put(s, &b, sizeof b, fds, h->nfds);
 	sys_close(s);
 	return r;
 }
 
-/* A hello from the network rendezvous (hello_net.c): the socket goes with
- * it as its one descriptor (the provider answers on it). 1 / 0 / -1 as
- * take_hello; on 1 the caller keeps s open. */
-static int take_net(struct sdp_listener *l, int s)
+static bool key_eq(const struct key *a, const struct key *b)
 {
-	struct sdp_hello h;
-	int r = sdp_net_take(s, &h);
-	if (r <= 0)
-		return r;
-	int fds[1] = { s };
-	if (pend_add(l, &h, fds, 1) < 0)
-		return -2;                    /* s closed already */
-	return 1;
+	return a->family == b->family && a->port == b->port &&
+	       !memcmp(a->addr, b->addr, a->family == AF_INET ? 4 : 16);
 }
 
 static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
@@ -396,84 +461,235 @@ static bool hello_matches(const struct sdp_hello *h, const struct key *lk,
 	       !memcmp(h->dst_addr, lk->addr, n) && !memcmp(h->src_addr, pk->addr, n);
 }
 
-/* Take queued hellos into l->pend, up to the one of (lk, pk). Nothing
- * here blocks: a rendezvous connection that has not sent its hello yet is
- * kept aside (a real client sends before its TCP connect, so a connection
- * we are matching always has its hello queued already) and dropped after a
- * second, or when too many wait. */
-static void drain_queue(struct sdp_listener *l, const struct key *lk,
-			const struct key *pk)
-{
-	uint64_t now = sdp_now_ns();
-	for (int i = l->nsilent - 1; i >= 0; i--) {
-		bool net = l->silent[i].net;
-		int r = net ? take_net(l, l->silent[i].fd) : take_hello(l, l->silent[i].fd);
-		if (r == 0 && now - l->silent[i].since_ns < 1000000000ull)
-			continue;
-		if (!net || r == -1 || r == 0)
-			sys_close(l->silent[i].fd);
-		l->silent[i] = l->silent[--l->nsilent];
-	}
-	for (int net = 0; net < 2; net++) {
-		int lfd = net ? l->net : l->rv;
-		while (lfd >= 0) {
-			int s = sys_accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
-			if (s < 0)
-				break;
-			int r = net ? take_net(l, s) : take_hello(l, s);
-			if (r == 0) {
-				if (l->nsilent == SILENT_MAX) {
-					sys_close(l->silent[0].fd);
-					l->silent[0] = l->silent[--l->nsilent];
-				}
-				l->silent[l->nsilent].fd = s;
-				l->silent[l->nsilent].since_ns = now;
-				l->silent[l->nsilent].net = net;
-				l->nsilent++;
-				continue;
-			}
-			if (!net || r == -1)
-				sys_close(s);     /* a network hello keeps its socket */
-			if (r > 0 && hello_matches(&l->pend[l->npend - 1].h, lk, pk))
-				return;
-		}
-	}
-}
-
 static void drop_pending(struct sdp_listener *l, int i)
 {
 	close_fds(l->pend[i].fds, l->pend[i].h.nfds);
 	l->pend[i] = l->pend[--l->npend];
 }
 
+/* Very old, or its client is gone (looked up for those older than 1 s). */
 static bool pending_stale(const struct pending *p, uint64_t now)
 {
-	if (now - p->rx_ns > HELLO_STALE_NS)
+	uint64_t age = now > p->rx_ns ? now - p->rx_ns : 0;   /* now may be older */
+	if (age > HELLO_STALE_NS)
 		return true;
 	const struct fab_ops *ops = fab_by_id(p->h.fabric);
 	if (ops && (ops->traits & FAB_T_REMOTE))
 		return false;                 /* its pid is another host's */
-	return kill(p->h.pid, 0) < 0 && errno == ESRCH;
+	return age > 1000000000ull && kill(p->h.pid, 0) < 0 && errno == ESRCH;
 }
 
-/* Take the hello of connection (lk, pk) from the queue. Both alone and
- * shared, the queue is read only up to the first hello naming it: the
- * hello of an accepted connection was queued before its SYN, so it is
- * there; one for the same 4-tuple behind it would belong to a later
- * connection, which cannot exist while this one does. (Reading the whole
- * queue and sending every other hello back on each accept made a burst
- * of connections cost O(n^2): nginx accepted ~100 a second.) Shared, the
- * hellos read before ours go back into the queue for the siblings. */
-static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
-				const struct key *pk)
+/* Shared: pend[i] is for a connection another process will accept: back
+ * into the queue with it (unless stale); if it cannot go back, its
+ * connection is recorded for a reset. 1 if it went back. */
+static int give_back(struct sdp_listener *l, int i, uint64_t now)
 {
-	struct pending mine = { .h.magic = 0 };
+	struct pending *p = &l->pend[i];
+	int r = 0;
+	if (!pending_stale(p, now)) {
+		if (hello_send(l, &p->h, p->fds, p->rx_ns) == 0) {
+			r = 1;
+		} else {
+			struct key tl, tp;
+			hello_keys(&p->h, &tl, &tp);
+			tomb_add(l->sh, TOMB_RESET, EXDEV, &tl, &tp);
+			sdp_log(1, "rendezvous: a hello could not be put back (%s): "
+				"its connection will be reset", strerror(errno));
+		}
+	}
+	drop_pending(l, i);
+	return r;
+}
+
+#define SILENT_NS 1000000000ull       /* a silent rendezvous connection lives 1 s */
+
+/* Stop waiting for a silent rendezvous connection's hello. Shut down
+ * first: a client whose hello comes later fails to send it and uses TCP;
+ * one that came meanwhile is taken (else its committed client would be
+ * lost). Returns what take_hello says of it. */
+static int silent_give_up(struct sdp_listener *l, int fd, struct key *tl,
+			  struct key *tp)
+{
+	int conn;
+	uint64_t since;
+	sys_shutdown(fd, SHUT_RDWR);
+	int r = take_hello(l, fd, tl, tp, &conn, &since);
+	if (r == 3)
+		sys_close(conn);
+	sys_close(fd);
+	return r;
+}
+
+static void silent_add(struct sdp_listener *l, int fd, uint64_t since)
+{
+	if (l->nsilent == SILENT_MAX) {
+		struct key tl, tp;
+		silent_give_up(l, l->silent[0].fd, &tl, &tp);
+		l->silent[0] = l->silent[--l->nsilent];
+	}
+	l->silent[l->nsilent].fd = fd;
+	l->silent[l->nsilent].since_ns = since;
+	l->nsilent++;
+}
+
+/* Hand a silent rendezvous connection to whichever process of the group
+ * reads the queue next: its hello, when it comes, may be for any of them. */
+static int silent_send(const struct sdp_listener *l, int fd, uint64_t since)
+{
+	struct sdp_hello_back b = {
+		.h = { .magic = SDP_HELLO_MAGIC, .version = SDP_PROTO_VERSION,
+		       .family = l->k.family, .pid = (int32_t)sdp_pid, .time_ns = since,
+		       .flags = SDP_HELLO_RETURNED | SDP_HELLO_CONN, .nfds = 1 },
+		.secret = l->sh->secret,
+	};
+	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (s < 0)
+		return -errno;
+	int r = sys_connect(s, &l->name, l->namelen) < 0 ? -errno :
+		hello_put(s, &b, sizeof b, &fd, 1);
+	sys_close(s);
+	return r;
+}
+
+/* After take_hello: stop draining? (the message named our connection, or,
+ * shared, we met again the first hello we gave back: the whole queue has
+ * been seen). Shared, a hello for another connection goes back at once -
+ * kept until the end it would hold a descriptor per queued hello. */
+static bool drain_stop(struct sdp_listener *l, int r, const struct key *tl,
+		       const struct key *tp, const struct key *lk, const struct key *pk,
+		       bool shared, uint64_t *mark, uint64_t now)
+{
+	if (r == 2)
+		return key_eq(tl, lk) && key_eq(tp, pk);
+	if (r != 1)
+		return false;
+	const struct sdp_hello *h = &l->pend[l->npend - 1].h;
+	if (hello_matches(h, lk, pk))
+		return true;
+	if (!shared)
+		return false;
+	uint64_t tok = h->token | 1;
+	bool wrapped = *mark == tok;
+	if (give_back(l, l->npend - 1, now) && !*mark)
+		*mark = tok;
+	return wrapped;
+}
+
+/* Take queued hellos into l->pend, up to the one of (lk, pk). Nothing
+ * here blocks: a rendezvous connection that has not sent its hello yet is
+ * kept aside (a real client sends before its TCP connect, so a connection
+ * we are matching always has its hello queued already) and dropped after a
+ * second, or when too many wait; shared, it goes back to the group when we
+ * are done (take_mine). Returns 0, or -errno if the queue could not be read
+ * (no descriptor left for a rendezvous connection). */
+static int drain_queue(struct sdp_listener *l, const struct key *lk,
+		       const struct key *pk, bool shared)
+{
+	uint64_t now = sdp_now_ns(), mark = 0;
+	struct key tl, tp;
+	int conn;
+	uint64_t since;
+	for (int i = l->nsilent - 1; i >= 0; i--) {
+		int r = take_hello(l, l->silent[i].fd, &tl, &tp, &conn, &since);
+		if (r == 0 && (now < l->silent[i].since_ns ||
+			       now - l->silent[i].since_ns < SILENT_NS))
+			continue;
+		if (r == 3)
+			sys_close(conn);
+		if (r == 0)
+			r = silent_give_up(l, l->silent[i].fd, &tl, &tp);
+		else
+			sys_close(l->silent[i].fd);
+		l->silent[i] = l->silent[--l->nsilent];
+		if (drain_stop(l, r, &tl, &tp, lk, pk, shared, &mark, now))
+			return 0;
+	}
+	/* Hellos of other hosts (hello_net.c). Each was acknowledged by our
+	 * kernel before its client's SYN: whole, or not a client's (one whose
+	 * hello is still on its way is refused and uses TCP). The socket goes
+	 * with the hello. */
+	while (l->net1 > 0) {
+		int s = sys_accept4(l->net1 - 1, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (s < 0)
+			break;
+		struct sdp_hello h;
+		if (sdp_net_take(s, &h) != 1 || (l->npend == l->cap && !pend_grow(l))) {
+			sys_close(s);
+			continue;
+		}
+		l->pend[l->npend].h = h;
+		l->pend[l->npend].fds[0] = s;
+		l->pend[l->npend].rx_ns = now;
+		l->npend++;
+		hello_keys(&h, &tl, &tp);
+		if (drain_stop(l, 1, &tl, &tp, lk, pk, shared, &mark, now))
+			return 0;
+	}
+	for (;;) {
+		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+		if (s < 0)
+			return errno == EAGAIN || errno == EINVAL ? 0 : -errno;
+		int r = take_hello(l, s, &tl, &tp, &conn, &since);
+		if (r == 0) {
+			silent_add(l, s, now);
+			continue;
+		}
+		sys_close(s);
+		if (r == 3) {                 /* handed over: look at it now */
+			int c = conn;
+			r = take_hello(l, c, &tl, &tp, &conn, &since);
+			if (r == 0 && (now < since || now - since < SILENT_NS)) {
+				silent_add(l, c, since);
+				continue;
+			}
+			if (r == 3)
+				sys_close(conn);
+			if (r == 0)
+				r = silent_give_up(l, c, &tl, &tp);
+			else
+				sys_close(c);
+		}
+		if (drain_stop(l, r, &tl, &tp, lk, pk, shared, &mark, now))
+			return 0;
+	}
+}
+
+
+/* What one rendezvous knows about connection (lk, pk). */
+enum look { LOOK_NONE = 0, LOOK_HELLO, LOOK_WAKE, LOOK_RESET };
+
+/* Take the hello of connection (lk, pk) from l's queue, under the lock
+ * every taker holds (threads of this process, and the processes sharing
+ * the rendezvous). The queue is read only up to the first hello naming
+ * the connection: the hello of an accepted connection was queued before
+ * its SYN, so it is there; one for the same 4-tuple behind it would belong
+ * to a later connection, which cannot exist while this one does. (Reading
+ * the whole queue and sending every other hello back on each accept made
+ * a burst of connections cost O(n^2): nginx accepted ~100 a second.)
+ * Shared, the hellos read before ours go back into the queue for the
+ * others; one that cannot go back is recorded for whoever accepts its
+ * connection, which resets it. LOOK_RESET: *err says why. */
+static enum look take_mine(struct sdp_listener *l, const struct key *lk,
+			   const struct key *pk, struct pending *mine, int *err,
+			   const char **why)
+{
+	memset(mine, 0, sizeof *mine);
+	if (!l->sh || l->rv < 0)
+		return LOOK_NONE;
+	static __thread char buf[96];
+	int r = sdp_lock(&l->sh->lock);
+	if (r) {
+		*err = -r;
+		snprintf(buf, sizeof buf, "the rendezvous lock is unusable (%s)",
+			 strerror(-r));
+		*why = buf;
+		return LOOK_RESET;
+	}
 	bool shared = atomic_load(&l->sh->nproc) > 1;
-	if (shared && sdp_lock(&l->sh->lock))
-		return mine;
-	drain_queue(l, lk, pk);
+	int unreadable = drain_queue(l, lk, pk, shared);
 	int best = -1;
 	uint64_t now = sdp_now_ns();
+	enum look res = LOOK_NONE;
 	for (int i = 0; i < l->npend; i++) {
 		const struct sdp_hello *h = &l->pend[i].h;
 		if (hello_matches(h, lk, pk) &&
@@ -481,8 +697,28 @@ static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
 			best = i;
 	}
 	if (best >= 0) {
-		mine = l->pend[best];
+		*mine = l->pend[best];
 		l->pend[best] = l->pend[--l->npend];
+		res = LOOK_HELLO;
+	} else {
+		uint32_t kind = tomb_take(l->sh, lk, pk, err);
+		if (kind == TOMB_RESET) {
+			res = LOOK_RESET;
+			*why = tomb_text(*err);
+		} else if (kind == TOMB_WAKE)
+			res = LOOK_WAKE;
+	}
+	if (res == LOOK_NONE && unreadable) {
+		/* Its hello may be in there: we cannot tell this client
+		 * from a TCP one unless the queue is empty. */
+		struct pollfd p = { .fd = l->rv, .events = POLLIN };
+		if (l->nsilent || sys_poll(&p, 1, 0) > 0) {
+			*err = -unreadable;
+			snprintf(buf, sizeof buf, "the rendezvous could not be read (%s)",
+				 strerror(-unreadable));
+			*why = buf;
+			res = LOOK_RESET;
+		}
 	}
 	/* Drop hellos whose client died or that are very old. */
 	if (l->npend > 32)
@@ -491,18 +727,47 @@ static struct pending take_mine(struct sdp_listener *l, const struct key *lk,
 				drop_pending(l, i);
 	if (shared) {
 		/* Put back what others may need, then let them look. */
-		for (int i = l->npend - 1; i >= 0; i--) {
-			hello_send(l, &l->pend[i]);
-			drop_pending(l, i);
+		for (int i = l->nsilent - 1; i >= 0; i--) {
+			if (silent_send(l, l->silent[i].fd, l->silent[i].since_ns) < 0)
+				continue;     /* keep it: better than nothing */
+			sys_close(l->silent[i].fd);
+			l->silent[i] = l->silent[--l->nsilent];
 		}
-		sdp_unlock(&l->sh->lock);
+		for (int i = l->npend - 1; i >= 0; i--)
+			give_back(l, i, now);
 	}
-	return mine;
+	sdp_unlock(&l->sh->lock);
+	return res;
 }
 
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse)
+/* Look in our rendezvous, then in those of less specific names of our
+ * port that we joined (clients may have used one of those). */
+static enum look take_any(struct sdp_listener *l, const struct key *lk,
+			  const struct key *pk, struct pending *mine, int *err,
+			  const char **why)
 {
+	enum look r = take_mine(l, lk, pk, mine, err, why);
+	for (int i = 0; i < l->nwider && r == LOOK_NONE; i++)
+		r = take_mine(l->wider[i], lk, pk, mine, err, why);
+	return r;
+}
+
+/* A listener that has not joined its group (or a less specific one of its
+ * port) cannot see the hellos of clients whose SYN it gets. */
+static bool unjoined(struct sdp_listener *l)
+{
+	bool out = !group_join_poll(l);
+	for (int i = 0; i < l->nwider; i++)
+		out |= !group_join_poll(l->wider[i]);
+	return out;
+}
+
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
+				  const char **why)
+{
+	static __thread char whybuf[160];
 	*refuse = 0;
+	*why = NULL;
 	union sdp_addr la, pa;
 	socklen_t ll = sizeof la, pl = sizeof pa;
 	struct key lk, pk;
@@ -519,6 +784,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 		sdp_why("the client is not on this host");
 		return NULL;              /* a remote client cannot have said hello */
 	}
+	bool pending_join = (l->group || l->nwider) && unjoined(l);
 
 	/* A hello left over from an earlier connection of the same 4-tuple
 	 * that never completed (its client failed or died) names memory that
@@ -526,32 +792,53 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	 * token no longer matches, or the client gave up). Skip it and look
 	 * further for the live one. */
 	/* The client has committed to SDP once its hello is queued: a hello
-	 * we find but cannot serve for lack of resources (connection slots,
-	 * memory, mappings) must not leave the connection TCP on our side
-	 * only - both ends would wait for each other. *refuse asks the caller
-	 * to reset it (the client sees ECONNRESET). A malformed one (-EPROTO:
-	 * no honest client sends it) leaves the connection plain TCP. */
+	 * we find but cannot serve (connection slots, memory, mappings, a
+	 * region we refuse) must not leave the connection TCP on our side
+	 * only - both ends would wait for each other. *refuse < 0 asks the
+	 * caller to reset it (the client sees ECONNRESET); > 0 to drop it
+	 * unseen (a joining listener's wake-up connection). */
 	for (int tries = 0; tries < 4; tries++) {
-		struct pending mine = take_mine(l, &lk, &pk);
-		if (mine.h.magic == 0) {
-			sdp_why("the client sent no hello: not an SDP client (not "
-				"preloaded, a static program, or its policy says tcp)");
+		struct pending mine;
+		int err = 0;
+		const char *w = NULL;
+		enum look lr = take_any(l, &lk, &pk, &mine, &err, &w);
+		if (lr == LOOK_WAKE) {
+			*refuse = 1;
+			return NULL;
+		}
+		if (lr == LOOK_RESET) {
+			*refuse = -(err ? err : EPROTO);
+			*why = w;
+			return NULL;
+		}
+		if (lr == LOOK_NONE) {
+			if (pending_join) {
+				*refuse = -EAGAIN;
+				*why = "this listener has not joined its SO_REUSEPORT "
+				       "group's rendezvous yet";
+			} else {
+				sdp_why("the client sent no hello: not an SDP client (not "
+					"preloaded, a static program, or its policy says tcp)");
+			}
 			return NULL;
 		}
 		const struct fab_ops *ops = fab_by_id(mine.h.fabric);
 		if (ops != may) {
 			/* Said hello over a provider this listener may not
 			 * use for that client: it waits for SDP, so reset. */
-			sdp_log(1, "hello for fd %d over %s, which the policy does "
-				"not allow here", newfd, ops ? ops->name : "?");
 			close_fds(mine.fds, mine.h.nfds);
 			*refuse = -EPROTONOSUPPORT;
+			snprintf(whybuf, sizeof whybuf, "its hello is for the %s fabric, "
+				 "which the policy does not allow here",
+				 ops ? ops->name : "?");
+			*why = whybuf;
 			return NULL;
 		}
 		struct sdp_conn *c = sdp_conn_alloc();
 		if (!c) {
 			close_fds(mine.fds, mine.h.nfds);
 			*refuse = -ENOSPC;
+			*why = "no connection slot left";
 			return NULL;
 		}
 		struct fab_setup su = { .token = mine.h.token, .pid = (int32_t)sdp_pid,
@@ -568,12 +855,12 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 			continue;
 		}
 		if (r < 0) {
-			sdp_log(1, "hello for fd %d rejected (%d)", newfd, r);
 			sdp_conn_free(c);
-			if (r != -EPROTO)
-				*refuse = r;
-			else
-				sdp_why("malformed hello");
+			*refuse = r;
+			snprintf(whybuf, sizeof whybuf, "its offer %s (%s)",
+				 r == -EPROTO ? "was refused" : "could not be taken",
+				 strerror(-r));
+			*why = whybuf;
 			return NULL;
 		}
 		fab_label_default(&c->ep);
@@ -592,6 +879,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 		return c;
 	}
 	*refuse = -ESTALE;                    /* only stale hellos found */
+	*why = "only stale hellos found";
 	return NULL;
 }
 
@@ -603,12 +891,9 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 {
 	memset(cs, 0, sizeof *cs);
 	struct key dk;
-	if (key_of(dst, len, &dk) < 0) {
-		sdp_why("the destination is not an IP address");
-		return NULL;
-	}
 	/* The provider that reaches dst (shm: an address of this host). */
-	const struct fab_ops *ops = fab_choose(dst, len, pref);
+	const struct fab_ops *ops = key_of(dst, len, &dk) < 0 ? NULL :
+				    fab_choose(dst, len, pref);
 	if (!ops) {
 		if (pref != FAB_PREF_ANY)
 			sdp_why("the policy's fabric %s does not reach the destination",
@@ -617,7 +902,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 			sdp_why("the destination is not an address of this host");
 		return NULL;
 	}
-	if (ops->traits & FAB_T_REMOTE)
+	if (ops->traits & FAB_T_REMOTE)           /* another host: hello_net.c */
 		return sdp_net_connect(fd, dst, len, ops, cs);
 	uid_t uid = geteuid();
 

@@ -30,6 +30,8 @@
 #include <linux/sockios.h>
 #include <netinet/tcp.h>
 #include <sys/ioctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -241,7 +243,7 @@ static bool acked(int s)
 		    ti.tcpi_state != TCP_ESTABLISHED)
 			return false;
 		int q = 0;
-		if (ti.tcpi_unacked == 0 && ioctl(s, SIOCOUTQ, &q) == 0 && q == 0)
+		if (ti.tcpi_unacked == 0 && syscall(SYS_ioctl, s, SIOCOUTQ, &q) == 0 && q == 0)
 			return true;
 		if (sdp_now_ns() > end)
 			return false;

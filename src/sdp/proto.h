@@ -76,7 +76,8 @@ _Static_assert(sizeof(struct sdp_bsdh) == 16, "BSDH is 16 bytes");
  *  28   4  pid         connecting process
  *  32   8  token       the connection's identity: unique, not secret
  *  40   8  time_ns     CLOCK_MONOTONIC at send (informational)
- *  48   4  flags       SDP_HELLO_RETURNED only
+ *  48   4  flags       SDP_HELLO_RETURNED, _CONN, _JOIN (below); from a
+ *                      client none
  *  52   1  fabric      the provider (enum fab_id: 1 = shm)
  *  53   1  nfds        descriptors attached (at most FAB_OFFER_FDS)
  *  54   2  offer_len   bytes of offer used (at most FAB_OFFER_MAX)
@@ -119,12 +120,47 @@ _Static_assert(offsetof(struct sdp_hello, offer) == 80, "offer at 80");
  * hello taken by one of them and put back into the queue for another. It
  * is followed by the listener's 8-byte secret (struct sdp_hello_back). */
 #define SDP_HELLO_RETURNED 0x80000000u
+/* With SDP_HELLO_RETURNED only: what comes back is a rendezvous connection
+ * whose hello had not arrived yet (the descriptor attached is that
+ * connection, time_ns when it was first seen); the 4-tuple is empty. */
+#define SDP_HELLO_CONN 0x20000000u
 
 struct sdp_hello_back {
 	struct sdp_hello h;     /* as the client sent it, h.pid as verified */
 	uint64_t secret;        /* random, known only to the sharing processes */
 };
 _Static_assert(sizeof(struct sdp_hello_back) == 152, "returned hello is 152 bytes");
+
+/* Only between listeners of one SO_REUSEPORT group (never from a client):
+ * a listener asks to join the group's rendezvous: a hello (144 bytes) with
+ * no descriptor and no offer; the 4-tuple names its wake-up TCP connection to the group,
+ * token is a nonce. Answered on the same connection with struct
+ * sdp_join_answer and two descriptors: the rendezvous socket and the
+ * memfd of the group's shared block. Every other flag must be clear. */
+#define SDP_HELLO_JOIN 0x40000000u
+
+/*
+ * Answer to a join request, 16 bytes, with SCM_RIGHTS [rendezvous, block].
+ *
+ *  off len field    meaning
+ *   0   4  magic    SDP_JOIN_MAGIC
+ *   4   2  version  SDP_PROTO_VERSION
+ *   6   2  nfds     2
+ *   8   8  nonce    the request's token
+ */
+struct sdp_join_answer {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t nfds;
+	uint64_t nonce;
+};
+_Static_assert(sizeof(struct sdp_join_answer) == 16, "join answer is 16 bytes");
+#define SDP_JOIN_MAGIC 0x53444a41u     /* "SDJA" */
+
+/* Every version keeps the meaning of these hello fields: magic, version,
+ * family, dst_addr, dst_port, src_port (offsets 0-27) and src_addr (64-79),
+ * so that a listener can name - and reset - the connection of a client
+ * whose hello it cannot serve (asserted with struct sdp_hello above). */
 
 /*
  * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a

@@ -19,6 +19,9 @@
 #include "sdp/log.h"
 #include "sdp/rx.h"
 
+_Thread_local uint64_t sdp_rx_seen;
+_Thread_local uint32_t sdp_rx_revoke;
+
 /* Read and validate the idx-th pending message header (its payload stays
  * in shared memory: handlers copy out what they use). */
 int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h, const char **payload)
@@ -77,24 +80,30 @@ void rx_release(struct sdp_conn *c, int fd)
 	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by sends (tx.c), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 
 /* End-of-stream or error state when no data is pending: 0 = EOF,
- * -errno = error, 1 = nothing known (wait). */
+ * -errno = error, 1 = nothing known (wait). As in TCP, once the peer's
+ * FIN is in, reads say EOF: an error that came after it (the reset that
+ * answers data sent to a closed peer) is for sends and SO_ERROR. */
 static int rx_end_state(struct sdp_conn *c)
 {
 	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
 		return -SDP_EFALLBACK;
+	if (atomic_load(&c->rx_eof) || sdp_marked(c, FAB_M_FIN_READ))
+		return 0;
 	int e = atomic_exchange(&c->so_error, 0);
 	if (e)
 		return -e;
-	if (sdp_is_reset(c))
-		return sdp_take_reset(c) ? -ECONNRESET : 0;
-	if (atomic_load(&c->rx_eof) || sdp_marked(c, FAB_M_FIN_READ) ||
-	    atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
+	if (sdp_is_reset(c)) {
+		e = sdp_reset_errno(c);
+		return e ? -e : 0;
+	}
+	if (atomic_load(&c->rx_shut) || atomic_load(&c->peer_gone))
 		return 0;
 	return 1;
 }
@@ -127,6 +136,9 @@ static int rx_on_disconn(struct rx_call *rc, const struct sdp_bsdh *h, const cha
 		rx_release(rc->c, rc->fd);
 		atomic_store(&rc->c->rx_eof, 1);
 	}
+	/* A peek that reached it returns what it copied before it, or EOF
+	 * (nothing is consumed, so the FIN's position cannot tell it). */
+	rc->fin_met = rc->peek;
 	return -EAGAIN;
 }
 
@@ -244,15 +256,23 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = rc.copied ? 0 : -SDP_EFALLBACK;
 			break;
 		}
+		/* A peek consumes nothing: every pass copies from the head
+		 * again (counting on would hand the same bytes out twice). */
+		if (peek)
+			rc.copied = 0;
 		rx_ack_cancel(c, fd);
 		rc.idx = 0;
 		rc.off = c->rx_off;
+		rc.refused = 0;
+		rc.fin_met = false;
 		r = rx_walk(&rc);
 		if (r == -ECONNRESET)
 			break;
 		if (rc.copied == total && total)
 			{ r = 0; break; }
 		if (rc.copied && !waitall && (rc.copied >= lowat || nonblock))
+			{ r = 0; break; }
+		if (rc.fin_met)
 			{ r = 0; break; }
 		int end = rx_end_state(c);
 		if (end <= 0) {
@@ -270,9 +290,21 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			break;
 		if (r > 0)
 			continue;                 /* something came: take it */
+		/* A peek left idx messages queued (control messages, or data
+		 * below SO_RCVLOWAT): sleep until there is one more, or the
+		 * wait would find them and return at once, over and over. */
+		/* A SrcAvail we refused stays where it is until the source
+		 * revokes it, and nothing behind it can be read before: sleep
+		 * until the source does, or the wait would find it and return
+		 * at once, over and over. */
+		sdp_rx_seen = rc.refused ? UINT64_MAX :
+			      peek ? c->ep.ops->rx_seq(&c->ep) + rc.idx : 0;
+		sdp_rx_revoke = rc.refused;
 		r = sdp_wait(c, fd, FAB_WAIT_RX,
 			     SDP_WAIT_RCVTIMEO | (rc.copied ? SDP_WAIT_PARTIAL : 0),
 			     &c->rx_lock);
+		sdp_rx_seen = 0;
+		sdp_rx_revoke = 0;
 		if (r)
 			break;
 	}
@@ -286,6 +318,7 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
 	sdp_unlock(&c->rx_lock);
+	sdp_reset_tell(c, fd);
 	if (!peek)
 		sdp_proc_bytes(0, rc.copied);
 	if (rc.copied)
@@ -333,7 +366,8 @@ unsigned sdp_events(struct sdp_conn *c)
 	sdp_check_peer(c);
 	if (sdp_is_reset(c))
 		return POLLIN | POLLRDNORM | POLLOUT | POLLWRNORM | POLLHUP | POLLRDHUP |
-		       (atomic_load(&c->err_reported) ? 0 : POLLERR);
+		       (atomic_load(&c->err_reported) && !atomic_load(&c->so_error) ?
+			0 : POLLERR);
 	uint32_t pend = ep->ops->rx_pending(ep);
 	if (pend == UINT32_MAX)
 		return POLLIN | POLLERR | POLLHUP;
@@ -383,7 +417,7 @@ uint64_t sdp_ready_since(struct sdp_conn *c)
 	return ep->ops->rx_since(ep);
 }
 
-void sdp_arm(struct sdp_conn *c, unsigned events)
+void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 {
 	unsigned what = 0;
 	if (events & (POLLIN | POLLRDNORM | POLLRDHUP))
@@ -391,4 +425,5 @@ void sdp_arm(struct sdp_conn *c, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
+	c->ep.ops->kick_owed(&c->ep, fd);     /* we may sleep now */
 }

@@ -61,6 +61,13 @@ static bool window(struct sdp_conn *c, uint64_t *lim, uint64_t *out)
 	uint64_t taken = ep->ops->peer_rx_bytes(ep);
 	*lim = l;
 	*out = sent > taken ? sent - taken : 0;   /* nonsense from the peer: 0 */
+	/* With our ring empty the peer consumed every byte we handed over
+	 * (a message is released only when wholly read): nothing is
+	 * outstanding, whatever its word says - a word a third process may
+	 * have written while the peer sleeps, which would leave this send
+	 * waiting for a release that never comes. */
+	if (ep->ops->credits(ep) == ep->nslots)
+		*out = 0;
 	return true;
 }
 
@@ -127,10 +134,15 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 	struct fab_ep *ep = &c->ep;
 	size_t cap;
 	char *buf = ep->ops->tx_buf(ep, &cap);
+	/* A peer whose counters make no sense (shutdown and close post
+	 * without checking) must not make our header break the protocol. */
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend > ep->nslots)
+		pend = ep->nslots;
 	struct sdp_bsdh h = {
 		.mid = mid,
 		.flags = 0,
-		.bufs = (uint16_t)(ep->nslots - ep->ops->rx_pending(ep)),
+		.bufs = (uint16_t)(ep->nslots - pend),
 		.len = (uint32_t)(sizeof h + len),
 		.mseq = ++c->tx_mseq,
 		.mseq_ack = (uint32_t)ep->ops->rx_seq(ep),
@@ -145,9 +157,36 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 	return 0;
 }
 
-/* Why a send cannot queue data now (0 = it can). 1 = the peer has closed:
- * the bytes are accepted and dropped once, as TCP does before the RST. */
-static int tx_error(struct sdp_conn *c)
+/* Our data reached a peer that will never read it: its socket is closed,
+ * or shut down both ways. TCP's peer answers such data with a reset, which
+ * arrives while we are in CLOSE_WAIT (its FIN came first): the connection
+ * is closed with sk_err = EPIPE - reported once by the next send (EPIPE)
+ * or SO_ERROR, shown by POLLERR - and never as ECONNRESET; reads go on
+ * returning what was queued, then EOF. A peer still there (shut down
+ * both ways) sees the reset as ECONNRESET. */
+static void peer_answers_reset(struct sdp_conn *c)
+{
+	atomic_store(&c->so_error, EPIPE);
+	atomic_store(&c->err_reported, 1);
+	sdp_mark(c, FAB_M_ABORT);
+	atomic_store(&c->state, SDP_ST_RESET);
+}
+
+/* The error TCP reports for a reset not reported yet (0: none, or it was
+ * reported): EPIPE if the peer's FIN came before it (CLOSE_WAIT), else
+ * ECONNRESET. Reported once, by whichever call gets here first. */
+int sdp_reset_errno(struct sdp_conn *c)
+{
+	if (!sdp_take_reset(c))
+		return 0;
+	return sdp_marked(c, FAB_M_FIN) ? EPIPE : ECONNRESET;
+}
+
+/* Why a send of len bytes cannot queue data now (0 = it can). 1 = the
+ * peer will never read it: the bytes are accepted and dropped, as TCP
+ * takes them before the peer's reset comes back. A zero-length send moves
+ * no data, provokes no reset and returns 0. */
+static int tx_error(struct sdp_conn *c, size_t len)
 {
 	sdp_check_peer(c);
 	if (sdp_fallback_pending(c))
@@ -155,20 +194,18 @@ static int tx_error(struct sdp_conn *c)
 	int e = atomic_exchange(&c->so_error, 0);
 	if (e)
 		return -e;
-	if (sdp_is_reset(c))
-		return sdp_take_reset(c) ? -ECONNRESET : -EPIPE;
+	if (sdp_is_reset(c)) {
+		e = sdp_reset_errno(c);
+		return e ? -e : -EPIPE;
+	}
 	if (atomic_load(&c->tx_shut))
 		return -EPIPE;
 	unsigned m = c->ep.ops->marks(&c->ep, FAB_M_CLOSED | FAB_M_RD_SHUT | FAB_M_FIN);
-	if ((m & FAB_M_CLOSED) || atomic_load(&c->peer_gone))
-		return atomic_exchange(&c->sent_after_close, 1) ? -EPIPE : 1;
-	if ((m & (FAB_M_RD_SHUT | FAB_M_FIN)) == (FAB_M_RD_SHUT | FAB_M_FIN)) {
-		/* The peer shut both halves: as with TCP, these bytes are taken
-		 * and the peer answers with a reset, which both ends see:
-		 * we get EPIPE if we had its FIN already, else ECONNRESET. */
-		sdp_mark(c, FAB_M_ABORT);
-		atomic_store(&c->state, SDP_ST_RESET);
-		atomic_store(&c->err_reported, 1);
+	if ((m & FAB_M_CLOSED) || atomic_load(&c->peer_gone) ||
+	    (m & (FAB_M_RD_SHUT | FAB_M_FIN)) == (FAB_M_RD_SHUT | FAB_M_FIN)) {
+		if (!len)
+			return 0;
+		peer_answers_reset(c);
 		return 1;
 	}
 	return 0;
@@ -184,9 +221,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	int r = sdp_lock(&c->tx_lock);
 	if (r)
 		return r;
-	r = tx_error(c);
+	r = tx_error(c, total);
 	if (r) {
 		sdp_unlock(&c->tx_lock);
+		sdp_reset_tell(c, fd);
 		return r == 1 ? (ssize_t)total : r;
 	}
 	zc_ack_cancel(c, fd);
@@ -245,11 +283,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = sdp_wait(c, fd, FAB_WAIT_CREDIT,
 				     done ? SDP_WAIT_PARTIAL : 0, &c->tx_lock);
 			if (!r)
-				r = tx_error(c);
-			if (r == 1) {             /* peer gone while we waited */
-				r = done ? 0 : -EPIPE;
-				if (!done)
-					atomic_store(&c->sent_after_close, 1);
+				r = tx_error(c, total - done);
+			if (r == 1) {             /* the peer went while we waited: */
+				done = total;     /* the rest is taken and dropped */
+				r = 0;
 				break;
 			}
 			if (r)
@@ -269,8 +306,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->st.tx_bcopy_bytes += n;
 	}
 	c->st.tx_bytes += done;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by receives (rx_release), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	sdp_unlock(&c->tx_lock);
+	sdp_reset_tell(c, fd);
 	sdp_proc_bytes(done, 0);
 	if (done || total == 0)
 		return (ssize_t)done;

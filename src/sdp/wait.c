@@ -35,6 +35,23 @@
 #include "sdp/sys.h"
 #include "sdp/log.h"
 
+/* A message the waiting receive has not looked at yet (rx.c: a peek may
+ * leave messages queued; only a newer one can change its answer). */
+static bool rx_more(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	if (sdp_rx_revoke) {
+		struct sdp_zctl *pz = sdp_zc_peer(c);
+		if (atomic_load(&pz->cancel_id) &&
+		    atomic_load(&pz->cancel_last) >= sdp_rx_revoke)
+			return true;
+	}
+	uint32_t n = ep->ops->rx_pending(ep);
+	if (n == 0 || n == UINT32_MAX || !sdp_rx_seen)
+		return n != 0;
+	return ep->ops->rx_seq(ep) + n > sdp_rx_seen;
+}
+
 static bool cond_met(struct sdp_conn *c, unsigned what)
 {
 	struct fab_ep *ep = &c->ep;
@@ -53,8 +70,7 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 		sdp_abort_insane(c, why);
 		return true;
 	}
-	if ((what & FAB_WAIT_RX) &&
-	    (ep->ops->rx_pending(ep) != 0 || (m & FAB_M_FIN_READ)))
+	if ((what & FAB_WAIT_RX) && (rx_more(c) || (m & FAB_M_FIN_READ)))
 		return true;
 	if ((what & FAB_WAIT_CREDIT) && sdp_tx_open(c))   /* credit and window */
 		return true;
@@ -114,6 +130,20 @@ static void wake_others(struct sdp_conn *c)
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
 	int r = c->ep.ops->drain(&c->ep, fd);
+	if (r == -EPROTO) {
+		/* A byte on the TCP socket that no library wrote: it has no
+		 * place in the stream, and left there it would end every
+		 * sleep at once. Reset, and wake the peer to see it. */
+		if (!sdp_is_reset(c)) {
+			sdp_log(0, "fd %d: a byte that is not a wake-up token arrived "
+				"on the TCP socket (written outside libsdp): "
+				"connection reset", fd);
+			sdp_conn_abort(c, ECONNRESET);
+		}
+		sdp_reset_tell(c, fd);
+		wake_others(c);
+		return;
+	}
 	if (r)
 		c->st.doorbells_rx++;
 	note_wakeup_result(c, r);
@@ -133,6 +163,13 @@ static int64_t remaining_ms(uint64_t deadline)
 int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 	     pthread_mutex_t *held)
 {
+	/* The words the held lock serializes must be exactly what we wrote
+	 * (a process that can write the region may have changed them). */
+	const char *why;
+	if (!sdp_is_reset(c) &&
+	    !c->ep.ops->self_sane(&c->ep, held == &c->tx_lock ? FAB_SELF_TX : FAB_SELF_RX,
+				  &why))
+		sdp_abort_insane(c, why);
 	/* Like the kernel's socket lock, ours is not held while sleeping:
 	 * close, shutdown or a fallback from another thread or process must
 	 * not wait for a blocked recv/send. The caller re-reads its state. */
@@ -223,8 +260,10 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	int64_t ms = remaining_ms(deadline);
 	if (ms == 0)
 		return -EAGAIN;
+	if (ms < 0 || ms > SDP_CHECK_MS)
+		ms = SDP_CHECK_MS;                /* then look again */
 	struct pollfd p = { .fd = fd, .events = POLLIN };
-	int r = sys_poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms));
+	int r = sys_poll(&p, 1, (int)ms);
 	if (r < 0 && errno == EINTR)
 		return -EINTR;
 	if (r > 0)
@@ -267,12 +306,18 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline,
 			return -EINTR;
 		return 0;
 	}
+	/* With a deadline (the kernel never restarts such a wait anyway),
+	 * never longer than SDP_CHECK_MS: then look again. Without one, the
+	 * futex wait must stay unbounded to be restarted under SA_RESTART as
+	 * TCP's blocking call is; the watcher wakes us. */
 	struct timespec ts, *tp = NULL;
 	if (deadline) {
 		uint64_t now = sdp_now_ns();
 		if (now >= deadline)
 			return -EAGAIN;
 		uint64_t left = deadline - now;
+		if (left > SDP_CHECK_MS * 1000000ull)
+			left = SDP_CHECK_MS * 1000000ull;
 		ts.tv_sec = (time_t)(left / 1000000000);
 		ts.tv_nsec = (long)(left % 1000000000);
 		tp = &ts;
@@ -283,7 +328,7 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline,
 	if (r < 0 && errno == EINTR)
 		return -EINTR;
 	if (r < 0 && errno == ETIMEDOUT)
-		return -EAGAIN;
+		return sdp_now_ns() >= deadline ? -EAGAIN : 0;
 	return 0;
 }
 
@@ -384,8 +429,10 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 {
 	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
 	struct fab_ep *ep = &c->ep;
-	if (spin_phase(c, what, false))
+	if (spin_phase(c, what, false)) {
+		sdp_reset_tell(c, fd);
 		return 0;
+	}
 
 	/* Deadline: SO_SNDTIMEO for sends (tracked), SO_RCVTIMEO for receives
 	 * (the kernel applies it to the watcher; futex sleepers read it). */
@@ -412,6 +459,8 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 				sdp_unwatch(c);
 			break;
 		}
+		/* The peer may sleep too, for something we gave it. */
+		ep->ops->kick_owed(ep, fd);
 		if (watching) {
 			ret = sleep_on_fd(c, fd, flags, deadline);
 			sdp_unwatch(c);       /* let another waiter watch */
@@ -425,7 +474,24 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 	 * waiter withdraws the request (a stale one costs one token). */
 	if (atomic_fetch_sub(&c->nwaiters, 1) == 1)
 		ep->ops->disarm(ep, what);
+	sdp_reset_tell(c, fd);
 	return ret;
+}
+
+/*
+ * A reset we see is one the peer must see too. Usually it knows already
+ * (it reset, or died), but when the reset comes from an inconsistency - a
+ * mark a third process wrote into the region, a violation we found - the
+ * peer may be asleep waiting for us and would never learn it. Publish our
+ * own reset mark and kick it, once.
+ */
+void sdp_reset_tell(struct sdp_conn *c, int fd)
+{
+	if (!sdp_is_reset(c) || atomic_load_explicit(&c->reset_told, memory_order_relaxed) ||
+	    atomic_exchange(&c->reset_told, 1))
+		return;
+	sdp_mark(c, FAB_M_ABORT);
+	c->ep.ops->kick(&c->ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
 }
 
 /* The peer's control block failed its provider's peer_sane: say why, abort. */
@@ -447,7 +513,10 @@ void sdp_check_peer(struct sdp_conn *c)
 
 void sdp_conn_abort(struct sdp_conn *c, int err)
 {
-	atomic_store(&c->so_error, err);
+	/* A reset is reported once by the RESET state (sdp_take_reset), as
+	 * TCP reports ECONNRESET once; only another error needs so_error. */
+	if (err != ECONNRESET)
+		atomic_store(&c->so_error, err);
 	atomic_store(&c->state, SDP_ST_RESET);
 	sdp_mark(c, FAB_M_ABORT);
 }

@@ -414,7 +414,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		/* Leave SDP now, while our buffer is valid: the fallback
 		 * re-sends on TCP what the peer had not read of it. */
 		sdp_unlock(&c->tx_lock);
-		sdp_fallback(c, fd);
+		sdp_fallback_fd(c, fd);
 		sdp_lock(&c->tx_lock);
 		c->st.tx_rzcopy_bytes += atomic_load(&pz->rd_bytes) - rd_start;
 		return (ssize_t)(advertised + bdone);

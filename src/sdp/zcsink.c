@@ -18,6 +18,7 @@
  */
 #include <errno.h>
 #include <string.h>
+#include <time.h>
 
 #include "sdp/iov.h"
 #include "sdp/log.h"
@@ -254,8 +255,14 @@ int rx_on_srcavail(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 	bool whole;
 	ssize_t n = read_srcavail(c, rc->fd, pl, rc->off, rc->iov, rc->iovcnt, rc->copied,
 				  rc->total - rc->copied, rc->peek, rc->bounce, &whole);
+	if (n == -EAGAIN) {                   /* refused: wait for the revocation */
+		struct sdp_srcavail sa;
+		memcpy(&sa, pl, sizeof sa);
+		rc->refused = sa.id;
+		return -EAGAIN;
+	}
 	if (n < 0)
-		return (int)n;                /* -EAGAIN: refused, wait for the revocation */
+		return (int)n;
 	rc->copied += (size_t)n;
 	if (!rc->peek)
 		c->rx_stream += (uint64_t)n;
@@ -359,7 +366,15 @@ int rx_sink_end(struct rx_call *rc, int r)
 			sdp_conn_abort(c, ECONNRESET);
 			return r;
 		} else {
-			sdp_cpu_relax();
+			/* The write takes one copy's time; past a millisecond
+			 * (a stopped source, or a state a third process
+			 * wrote), wait without taking the CPU. */
+			if (sdp_now_ns() + SINK_WRITE_NS - 1000000ull > deadline) {
+				struct timespec nap = { 0, 200000 };
+				nanosleep(&nap, NULL);
+			} else {
+				sdp_cpu_relax();
+			}
 			continue;
 		}
 		if (k < 0)

@@ -80,6 +80,21 @@ static void tun_report(const struct sdp_tunable *t, enum sdp_tun_src src,
 	}
 }
 
+/* Settings valid one by one that cannot work together are refused here,
+ * at start-up, naming them - not later by the peer, one connection at a
+ * time. */
+static void tun_refuse_unworkable(void)
+{
+	if (fab_fits(sdp_tun.nslots, sdp_tun.slot_size))
+		return;
+	sdp_logf("refusing SDP_NSLOTS=%u with SDP_SLOT_SIZE=%u (nslots, slot_size): "
+		 "a connection needs 2 x %u x %u bytes, more than a peer maps; "
+		 "using %u x %u", sdp_tun.nslots, sdp_tun.slot_size,
+		 sdp_tun.nslots, sdp_tun.slot_size, 64u, 32768u);
+	sdp_tun.nslots = 64;
+	sdp_tun.slot_size = 32768;
+}
+
 static void at_exit(void)
 {
 	/* Under seccomp they were written before the filter (sandbox.c). */
@@ -141,6 +156,7 @@ static void do_init(void)
 	}
 	sdp_tunables_load(policy ? policy_set : NULL, policy, tun_report, NULL, NULL);
 	sdp_log_level = (int)sdp_tun.log_level;
+	tun_refuse_unworkable();
 	struct fab_params fp = {
 		.region_cache = sdp_tun.region_cache,
 		.ofi_port_offset = sdp_tun.ofi_port_offset,

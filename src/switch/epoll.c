@@ -282,7 +282,7 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->last_arrived = arrived(c) - 1;
 				e->last_acked = acked(c) - 1;
 				e->rep = fab_clock();
-				sdp_arm(c, e->events);
+				sdp_arm(c, fd, e->events);
 			} else {
 				remove_at(s, i);
 			}
@@ -378,7 +378,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			e->last_arrived = arrived(c) - 1;   /* edge: report current state */
 			e->last_acked = acked(c) - 1;
 			e->rep = fab_clock();     /* TCP: ready now, queued now */
-			sdp_arm(c, ev->events);
+			sdp_arm(c, fd, ev->events);
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -574,7 +574,7 @@ static bool arm_all(struct ep_shadow *s)
 		if (!e->c)
 			continue;
 		if (!e->disabled)
-			sdp_arm(e->c, e->events);
+			sdp_arm(e->c, e->fd, e->events);
 		e->watching = sdp_watch(e->c);
 		if (!e->watching)
 			shared = true;

@@ -195,11 +195,22 @@ void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
 			break;
 		}
 	}
-	sdp_fallback(c, fd);
+	int subst;
+	sdp_fallback(c, fd, &subst);
 	int hi = atomic_load(&hiwater);
-	for (int i = 0; i < hi; i++)
-		if (atomic_load(&tab[i].kind) == FDK_SDP && tab[i].c == c)
-			atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	for (int i = 0; i < hi; i++) {
+		if (atomic_load(&tab[i].kind) != FDK_SDP || tab[i].c != c)
+			continue;
+		if (subst >= 0) {
+			/* The peer is gone: the fd now names the socket that
+			 * delivers what it left (same close-on-exec flag). */
+			int fl = sys_fcntl(i, F_GETFD, 0);
+			syscall(SYS_dup3, subst, i, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
+		}
+		atomic_store(&tab[i].kind, FDK_TCP);   /* c stays: sdp stat */
+	}
+	if (subst >= 0)
+		sys_close(subst);
 	/* The rings stay mapped until close: this may be a vfork child that
 	 * shares our address space with its parent. */
 }
@@ -222,6 +233,7 @@ void fd_before_exec_with(const int *extra, int nextra)
 	for (int fd = 0; fd < hi; fd++) {
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
 			if (inherited(fd, extra, nextra)) {
+				listen_defer_restore(fd);
 				sdp_log(2, "listen fd %d: SDP withdrawn, new connections "
 					"TCP (the listener is inherited across exec)", fd);
 				sdp_listener_withdraw(tab[fd].l);
@@ -296,6 +308,7 @@ void fd_dup(int oldfd, int newfd)
 		fd_set_kind(newfd, k);
 	}
 	atomic_store(&n->opts, atomic_load(&o->opts));
+	atomic_store(&n->defer_s, atomic_load(&o->defer_s));
 }
 
 /* Count each listener this process holds once (several fds may name one

@@ -208,7 +208,7 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 			watch[i] = false;
 			if (!cs[i])
 				continue;
-			sdp_arm(cs[i], (unsigned)fds[i].events);
+			sdp_arm(cs[i], fds[i].fd, (unsigned)fds[i].events);
 			watch[i] = sdp_watch(cs[i]);
 			if (!watch[i])
 				shared = true;    /* someone else consumes its tokens */

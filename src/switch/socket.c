@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 
 #include "switch/switch.h"
@@ -121,30 +122,74 @@ EXPORT int socket(int domain, int type, int protocol)
 	return fd;
 }
 
+/* Does the policy let this listening socket offer SDP, and over which
+ * provider (*pref)? If not, why. */
+static bool offers_sdp(int fd, enum fab_pref *pref, char *why, size_t n)
+{
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	*pref = FAB_PREF_ANY;
+	if (sys_getsockname(fd, &a, &len) < 0) {
+		snprintf(why, n, "cannot read the listening address");
+		return false;
+	}
+	return sdp_decide(SDP_ROLE_SERVER, &a.sa, len, pref, why, n) != SDP_USE_TCP;
+}
+
 EXPORT int listen(int fd, int backlog)
 {
 	SDP_INIT();
-	int r = real_listen(fd, backlog);
-	if (r < 0 || fd_kind(fd) != FDK_INET)
-		return r;
+	if (fd_kind(fd) != FDK_INET)
+		return real_listen(fd, backlog);
+	/* A SO_REUSEPORT socket bound to a port joins its group's rendezvous
+	 * before the kernel can give it a SYN (hello.c, group.c); a group
+	 * member the policy keeps on TCP joins too, to withdraw the group. */
+	int one = 0;
+	socklen_t ol = sizeof one;
 	union sdp_addr a;
 	socklen_t len = sizeof a;
+	bool early = sys_getsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, &ol) == 0 && one &&
+		     sys_getsockname(fd, &a, &len) == 0 &&
+		     (a.sa.sa_family == AF_INET ? a.in.sin_port : a.in6.sin6_port) != 0;
 	struct sdp_listener *l = NULL;
-	enum fab_pref fab;
-	char why[300] = "cannot read the listening address";
+	char why[300] = "no rendezvous";
+	bool offer = false;
+	enum fab_pref fab = FAB_PREF_ANY;
+	int e = 0;
 	sdp_why_take();
-	if (sys_getsockname(fd, &a, &len) == 0 &&
-	    sdp_decide(SDP_ROLE_SERVER, &a.sa, len, &fab, why, sizeof why) != SDP_USE_TCP) {
-		int e = sdp_listener_open(fd, fab, &l);
+	if (early) {
+		offer = offers_sdp(fd, &fab, why, sizeof why);
+		e = sdp_listener_open(fd, offer, fab, &l);
+	}
+	int r = real_listen(fd, backlog);
+	if (r < 0) {
+		int le = errno;
+		if (l) {                      /* let the fd table count its holders */
+			fd_set_listen(fd, l);
+			fd_forget(fd);
+			fd_set_kind(fd, FDK_INET);
+		}
+		errno = le;
+		return r;
+	}
+	if (!early) {
+		offer = offers_sdp(fd, &fab, why, sizeof why);
+		if (offer)
+			e = sdp_listener_open(fd, true, fab, &l);
+	}
+	bool said = false;                    /* withdrawn (a group's), or no SDP */
+	if (offer) {
 		const char *w = sdp_why_take();
+		said = w != NULL;
 		snprintf(why, sizeof why, "%s", w ? w : e < 0 ? strerror(-e) : "no rendezvous");
 		if (e < 0)
 			sdp_log(1, "listen fd %d: SDP not offered (%s)", fd, why);
 	}
 	fd_set_listen(fd, l);
 	sdp_proc_note_socket();
+	listen_defer_take(fd, l && offer && !said);
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
-	if (l)
+	if (l && offer && !said)
 		sdp_log(2, "listen fd %d: SDP offered", fd);
 	else
 		sdp_log(2, "listen fd %d: TCP only (%s)", fd, why);
@@ -212,10 +257,10 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 
 /* A client that said hello and cannot be served: reset its connection
  * (it sees ECONNRESET, as if the server had aborted it at once). */
-static void refuse_conn(int lfd, int nfd, int why)
+static void refuse_conn(int lfd, int nfd, const char *why)
 {
 	sdp_log(0, "accept fd %d: an SDP client could not be served (%s): "
-		"connection reset", lfd, strerror(-why));
+		"connection reset", lfd, why ? why : "?");
 	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
 	sys_setsockopt(nfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 	fd_set_kind(nfd, FDK_NONE);
@@ -232,10 +277,19 @@ static int after_accept(int lfd, int nfd, int flags)
 		return nfd;
 	}
 	int refuse = 0;
+	const char *why = NULL;
 	sdp_why_take();
-	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse) : NULL;
-	if (refuse) {
-		refuse_conn(lfd, nfd, refuse);
+	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse, &why) :
+			     NULL;
+	if (refuse < 0) {
+		refuse_conn(lfd, nfd, why);
+		return -1;
+	}
+	if (refuse > 0) {                     /* a listener's wake-up: not the app's */
+		sdp_log(2, "accept fd %d: a joining listener's wake-up connection, dropped",
+			lfd);
+		fd_set_kind(nfd, FDK_NONE);
+		real_close(nfd);
 		return -1;
 	}
 	/* Accepted sockets inherit the listener's options, not O_NONBLOCK. */
@@ -261,6 +315,51 @@ static int after_accept(int lfd, int nfd, int flags)
 	return nfd;
 }
 
+/* Taking an SDP client's hello needs descriptors besides the connection's
+ * own: the rendezvous connection, the client's memfd, one to put a hello
+ * back. Without them the client could only be reset. So near the fd limit
+ * they are made sure of before the kernel's accept: lacking them, accept()
+ * fails with EMFILE and the connection stays queued, as with TCP when no
+ * descriptor is left (here: when fewer than ACCEPT_SPARE + 1 are). */
+#define ACCEPT_SPARE 3
+static _Atomic int accept_last = -1;           /* fd the last accept returned */
+static __thread int spare[ACCEPT_SPARE];
+static __thread int nspare;
+
+static void unreserve(void)
+{
+	while (nspare > 0)
+		sys_close(spare[--nspare]);
+}
+
+/* 0, or -EMFILE when the descriptors are not there. */
+static int reserve(int lfd)
+{
+	struct fdent *e = fd_get(lfd);
+	struct rlimit rl;
+	if (!e || atomic_load(&e->kind) != FDK_LISTEN || !e->l ||
+	    getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+	    (rlim_t)atomic_load(&accept_last) + 64 < rl.rlim_cur)
+		return 0;                     /* plenty of room (the usual case) */
+	/* Hellos already taken hold their memfds: the connections they name
+	 * are the next ones in the kernel's queue, and taking one of those
+	 * needs no further descriptor (its memfd is closed once mapped).
+	 * Asking for spares on top would refuse every accept for ever while
+	 * those hellos hold the very descriptors that are missing. */
+	if (sdp_listener_pending(e->l) > 0)
+		return 0;
+	while (nspare < ACCEPT_SPARE) {
+		int d = sys_fcntl(lfd, F_DUPFD_CLOEXEC, 0);
+		if (d < 0) {
+			int err = errno;
+			unreserve();
+			return err == EMFILE ? -EMFILE : 0;
+		}
+		spare[nspare++] = d;
+	}
+	return 0;
+}
+
 /* A refused connection is invisible to the application: accept the next
  * one (a nonblocking listener then says EAGAIN if there is none). The
  * kernel gets the application's own call (four: accept4): a seccomp
@@ -270,10 +369,21 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 {
 	socklen_t len0 = len ? *len : 0;
 	for (;;) {
+		int r = reserve(fd);
+		if (r < 0) {
+			sdp_log(2, "accept fd %d: EMFILE: too few descriptors left to "
+				"take an SDP client's hello", fd);
+			errno = -r;
+			return -1;
+		}
 		int n = four ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
-		if (n < 0)
-			return n;
 		int e = errno;
+		unreserve();
+		if (n < 0) {
+			errno = e;
+			return n;
+		}
+		atomic_store(&accept_last, n);
 		if (after_accept(fd, n, flags) >= 0) {
 			errno = e;
 			return n;
@@ -435,6 +545,9 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	SDP_INIT();
+	int dr;
+	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
+		return dr;
 	struct sdp_conn *c = fd_conn(fd);
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
 	    fd_kind(fd) != FDK_NONE) {
@@ -533,6 +646,9 @@ static int put_int(void *val, socklen_t *len, int v)
 EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
 	SDP_INIT();
+	int dr;
+	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_get(fd, val, len, &dr))
+		return dr;
 	struct sdp_conn *c = fd_conn(fd);
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US) {
 		int k = fd_kind(fd);
@@ -580,8 +696,8 @@ EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 					 &c->app_nodelay : &c->app_cork));
 	if (c && level == SOL_SOCKET && name == SO_ERROR) {
 		int e = atomic_exchange(&c->so_error, 0);
-		if (!e && sdp_take_reset(c))
-			e = ECONNRESET;
+		if (!e)
+			e = sdp_reset_errno(c);
 		/* Only ours: the TCP socket's own errors (a peer's RST on
 		 * close) are already part of this connection's state. */
 		return put_int(val, len, e);

@@ -51,6 +51,10 @@ enum {
 struct fdent {
 	_Atomic uint8_t kind;
 	_Atomic uint8_t opts;
+	/* Listener offering SDP: the TCP_DEFER_ACCEPT the application set, in
+	 * seconds as the kernel reports it, kept off the kernel socket
+	 * (defer.c); 0 none, -1 handed back to the kernel. */
+	_Atomic int32_t defer_s;
 	struct sdp_conn *c;
 	struct sdp_listener *l;
 	struct ep_shadow *ep;
@@ -178,6 +182,14 @@ extern const char *sdp_prog;
 REAL_FUNCS(X)
 #undef X
 
+/* defer.c: TCP_DEFER_ACCEPT on listeners that offer SDP */
+/* listen() made fd a listener; offered: it offers SDP */
+void listen_defer_take(int fd, bool offered);
+void listen_defer_restore(int fd);      /* it stops offering SDP */
+/* setsockopt/getsockopt of TCP_DEFER_ACCEPT: true if handled (*r set) */
+bool listen_defer_set(int fd, const void *val, socklen_t len, int *r);
+bool listen_defer_get(int fd, void *val, socklen_t *len, int *r);
+
 /* epoll.c */
 void epoll_forget_fd(int fd);
 void epoll_adopt(int fd, struct sdp_conn *c);   /* connect() made fd SDP */
@@ -185,9 +197,9 @@ void epoll_drop_pending(int fd);                /* ... or plain TCP */
 void epoll_shadow_free(struct ep_shadow *s);
 void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) */
 
-/* How long a poll/epoll sleep may last: until deadline (0 = none, NULL
- * result = forever), cut to SDP_SHARED_SLICE_MS when another sleeper
- * consumes the tokens of one of our sockets (conn.h). */
+/* How long a poll/epoll sleep may last: until deadline (0 = none), cut to
+ * SDP_SHARED_SLICE_MS when another sleeper consumes the tokens of one of
+ * our sockets, and to SDP_CHECK_MS in any case (conn.h). */
 static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared,
 						  struct timespec *ts)
 {
@@ -198,8 +210,8 @@ static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared
 	}
 	if (shared && left > SDP_SHARED_SLICE_MS * 1000000ull)
 		left = SDP_SHARED_SLICE_MS * 1000000ull;
-	if (left == UINT64_MAX)
-		return NULL;
+	if (left > SDP_CHECK_MS * 1000000ull)
+		left = SDP_CHECK_MS * 1000000ull;   /* look again (conn.h) */
 	ts->tv_sec = (time_t)(left / 1000000000);
 	ts->tv_nsec = (long)(left % 1000000000);
 	return ts;

@@ -28,6 +28,7 @@
 
 #include "sdp/pool.h"
 #include "sdp/calib.h"
+#include "fabric/fabric.h"
 #include "sdp/tunables.h"
 #include "switch/policy.h"
 #include "tools/tool.h"
@@ -339,34 +340,16 @@ static void tunables_report(bool json)
 
 /* The libfabric providers this host has, and whether each offers what
  * SDP between hosts needs (fabric/ofi_lib.c). */
-#ifdef SDP_HAVE_OFI
-#include "fabric/ofi.h"
-static void mr_modes(uint64_t m, char *out, size_t n)
-{
-	static const struct { uint64_t bit; const char *name; } names[] = {
-		{ FI_MR_LOCAL, "FI_MR_LOCAL" }, { FI_MR_VIRT_ADDR, "FI_MR_VIRT_ADDR" },
-		{ FI_MR_ALLOCATED, "FI_MR_ALLOCATED" }, { FI_MR_PROV_KEY, "FI_MR_PROV_KEY" },
-		{ FI_MR_ENDPOINT, "FI_MR_ENDPOINT" }, { FI_MR_RAW, "FI_MR_RAW" },
-	};
-	size_t k = 0;
-	out[0] = 0;
-	for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
-		if (m & names[i].bit)
-			k += (size_t)snprintf(out + k, k < n ? n - k : 0, "%s\"%s\"",
-					      k ? ", " : "", names[i].name);
-}
-#endif
+
 
 static void ofi_report(bool json)
 {
 #ifdef SDP_HAVE_OFI
-	struct ofi_prov_info pv[32];
-	int n = ofi_list_providers(pv, 32);
+	struct fab_prov_info pv[32];
+	int n = fab_list_libfabric(pv, 32);
 	if (json) {
 		printf(", \"ofi\": {\"libfabric\": %s, \"providers\": [", n < 0 ? "false" : "true");
 		for (int i = 0; i < n; i++) {
-			char mm[200];
-			mr_modes(pv[i].mr_mode, mm, sizeof mm);
 			printf("%s{\"name\": ", i ? ", " : "");
 			json_str(pv[i].name);
 			printf(", \"fabric\": ");
@@ -375,7 +358,8 @@ static void ofi_report(bool json)
 			json_str(pv[i].domain);
 			printf(", \"ep_msg\": %s, \"msg\": %s, \"rma\": %s, \"mr_mode\": [%s], "
 			       "\"usable\": %s, \"why\": ", pv[i].msg_ep ? "true" : "false",
-			       pv[i].msg ? "true" : "false", pv[i].rma ? "true" : "false", mm,
+			       pv[i].msg ? "true" : "false", pv[i].rma ? "true" : "false",
+			       pv[i].mr_mode,
 			       pv[i].usable ? "true" : "false");
 			json_str(pv[i].why);
 			printf("}");

@@ -34,7 +34,7 @@ def www(tmp_path_factory):
     return d, digests
 
 
-def _nginx_conf(prefix, port, root, sendfile, user=None, upstream=None):
+def _nginx_conf(prefix, port, root, sendfile, user=None, upstream=None, reuseport=False):
     """user: the workers' user; default root when we are root (nginx's own
     default is to switch the workers to nobody: see test_nginx_workers_as_nobody)."""
     if user:
@@ -69,7 +69,7 @@ http {{
     keepalive_timeout 65;
     keepalive_requests 1000000;
 {ups}    server {{
-        listen 127.0.0.1:{port};
+        listen 127.0.0.1:{port}{" reuseport" if reuseport else ""};
         root {root};
         {loc}
     }}
@@ -108,11 +108,11 @@ def _ppid(pid):
 
 
 def _start_nginx(sdp, procs, kit, prefix, root, sendfile, user=None, name="nginx",
-                 upstream=None):
+                 upstream=None, reuseport=False):
     (prefix / "tmp").mkdir()
     port = kit.free_port()
     conf = prefix / "nginx.conf"
-    conf.write_text(_nginx_conf(prefix, port, root, sendfile, user, upstream))
+    conf.write_text(_nginx_conf(prefix, port, root, sendfile, user, upstream, reuseport))
     proc = procs.start(
         sdp.wrap(["nginx", "-p", prefix, "-c", conf, "-e", prefix / "error.log"]),
         name=name, env=sdp.env())
@@ -358,3 +358,56 @@ def test_nginx_reverse_proxy(nginx_server, www, sdp, procs, kit, tmp_path):
     assert sum(x["tcp_conns"] for x in d) <= 1, f"proxy workers used TCP: {d}"
     kit.assert_bytes_between("proxy SDP rx_bytes (from upstream)", sum(x["rx_bytes"] for x in d),
                              (1 << 20) + (16 << 20) + 2 * 1024)
+
+
+def test_nginx_reuseport(sdp, procs, kit, www, tmp_path):
+    """`listen ... reuseport`: the master opens one SO_REUSEPORT socket per
+    worker and the kernel spreads the connections over them. curl downloads
+    are byte-exact, wrk gets every answer, every worker serves, and every
+    connection of every worker is SDP."""
+    kit.require_bins("nginx", "curl", "wrk")
+    root, digests = www
+    srv = _start_nginx(sdp, procs, kit, tmp_path, root, "off", name="nginx-reuseport",
+                       reuseport=True)
+    if sdp.enabled:
+        before = {p: sdp.procs_stats([p]).get(p) for p in srv.workers}
+        assert all(before.values()), f"sdp stat --procs does not list the workers {before}"
+    stats_dir = sdp.new_stats_dir("curl-reuseport")
+    for name in ("1k", "1m", "16m"):
+        out = tmp_path / f"{name}.out"
+        res = kit.run_cmd(sdp.wrap(["curl", "-sS", "--fail", "--max-time", "45", "-o", out,
+                                    f"http://127.0.0.1:{srv.port}/{name}.bin"]),
+                          timeout=60, env=sdp.env(stats_dir))
+        assert res.returncode == 0, res.describe()
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == digests[name], \
+            f"{name}.bin through nginx with reuseport differs from the file"
+    log_rows0 = len(srv.access_log())
+    wrk_dir = sdp.new_stats_dir("wrk-reuseport")
+    res = kit.run_cmd(sdp.wrap(["wrk", "-t", WRK_THREADS, "-c", WRK_CONNS, "-d", "3s",
+                                "--timeout", "5s", f"http://127.0.0.1:{srv.port}/1k.bin"]),
+                      timeout=40, env=sdp.env(wrk_dir))
+    s = _wrk_summary(res.stdout)
+    assert s["requests"] and s["requests"] > 0, f"wrk summary does not parse\n{res.describe()}"
+    assert s["socket_errors"] == [0, 0, 0, 0], \
+        f"wrk socket errors (connect, read, write, timeout) = {s['socket_errors']}\n" \
+        f"{res.stdout}\n{(tmp_path / 'error.log').read_text()[-2000:]}"
+    assert s["non2xx"] == 0, f"wrk: {s['non2xx']} non-2xx/3xx responses\n{res.stdout}"
+    time.sleep(0.2)  # access log lines are written after the response
+    rows = srv.access_log()[log_rows0:]
+    by_worker = {p: sum(1 for r in rows if r["pid"] == p) for p in srv.workers}
+    assert all(n > 0 for n in by_worker.values()), \
+        f"the kernel gave not every worker connections: {by_worker}"
+    if not sdp.enabled:
+        return
+    cl = sdp.client_stats(stats_dir, "curl")
+    assert cl["sdp_conns"] == 3 and cl["tcp_conns"] == 0, f"curl: {cl}"
+    w = sdp.client_stats(wrk_dir, "wrk")
+    assert w["sdp_conns"] >= WRK_CONNS and w["tcp_conns"] == 0, f"wrk: {w}"
+    after = sdp.procs_stats(srv.workers)
+    took = {p: kit.delta(after[p], before[p]) for p in srv.workers}
+    assert all(d["sdp_conns"] > 0 for d in took.values()), \
+        f"not every worker took SDP connections: {took}"
+    # (at most one TCP connection: the harness's plain port probe)
+    assert sum(d["tcp_conns"] for d in took.values()) <= 1, \
+        f"the workers took connections as TCP: {took}"
+    assert sum(d["sdp_conns"] for d in took.values()) >= WRK_CONNS + 3, took

@@ -17,9 +17,17 @@
  *   - nothing blocks: each case has a watchdog, a hang names its step.
  * Hellos that carry a bad memory or a bad header name the 4-tuple of the
  * plain client that connects next, so that accepting them by mistake would
- * show (the server end would claim SDP). The case "forged" is the control:
- * a well-formed forged hello from the listener's own user is accepted, so
- * the same forgery from another user is refused for the right reason.
+ * show (the server end would claim SDP). One the listener cannot even
+ * attribute (too short, bad magic) changes nothing: the plain client is
+ * served as TCP. One from the listener's own user that names the
+ * connection but cannot be served (another version, no or two descriptors,
+ * unknown flags, memory that is not a valid region) is, as far as the
+ * listener can tell, a committed client's: that connection is reset - the
+ * client sees ECONNRESET - and the application never sees it, rather than
+ * kept as TCP on one side while the client waits in shared memory. The
+ * case "forged" is the control: a well-formed forged hello from the
+ * listener's own user is accepted, so the same forgery from another user is
+ * refused for the right reason.
  *
  * As root, processes that dropped to user 65534 (nobody) attack: a forged
  * hello for their own TCP connection (which must stay plain TCP), many
@@ -191,7 +199,7 @@ static int rv_connect(unsigned uid, uint16_t port)
 static void put(int s, const void *msg, size_t len, const int *fds, int nfd)
 {
 	struct iovec iov = { (void *)msg, len };
-	union { struct cmsghdr c; char buf[CMSG_SPACE(4 * sizeof(int))]; } u;
+	union { struct cmsghdr c; char buf[CMSG_SPACE(16 * sizeof(int))]; } u;
 	memset(&u, 0, sizeof u);
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
 	if (nfd) {
@@ -332,6 +340,25 @@ static void plain_client_ok(int l, int raw, uint16_t port, uint32_t seed)
 	SYS(close(s));
 }
 
+/* The plain client's 4-tuple was named by a hello of our user that
+ * cannot be served: accept() resets that connection and goes on (here to
+ * EAGAIN: the listener is made non-blocking for the call), the client
+ * sees ECONNRESET. */
+static void plain_client_reset(int l, int raw, uint16_t port)
+{
+	step("a plain TCP client named by a bad hello is reset");
+	raw_connect(raw, port);
+	int fl = SYS(fcntl(l, F_GETFL));
+	SYS(fcntl(l, F_SETFL, fl | O_NONBLOCK));
+	CHECK_ERR(accept(l, NULL, NULL), EAGAIN);
+	SYS(fcntl(l, F_SETFL, fl));
+	char b;
+	errno = 0;
+	long r = syscall(SYS_recvfrom, raw, &b, 1, 0, NULL, NULL);
+	CHECK(r == -1 && errno == ECONNRESET, "the client's recv returned %ld", r);
+	raw_close(raw);
+}
+
 static int count_fds(void)
 {
 	DIR *d = opendir("/proc/self/fd");
@@ -355,6 +382,7 @@ struct hctx {
 	int nheld;
 	int keep;                     /* hellos the listener may keep pending */
 	bool forged;                  /* the plain client's tuple was forged */
+	bool reset;                   /* ... in a hello that cannot be served */
 };
 
 static void h_none(struct hctx *x) { (void)x; }
@@ -384,6 +412,7 @@ static void h_short(struct hctx *x)
 
 static void h_oversized(struct hctx *x)
 {
+	x->reset = true;
 	/* a valid hello followed by more bytes, memory attached */
 	char big[200];
 	memset(big, 0xA5, sizeof big);
@@ -405,6 +434,7 @@ static void h_bad_magic(struct hctx *x)
 
 static void h_bad_version(struct hctx *x)
 {
+	x->reset = true;
 	struct sdp_hello h = mk_hello(x->port, x->rport, 79);
 	h.version = SDP_PROTO_VERSION + 41;
 	int m = mk_region(79, R_GOOD);
@@ -414,12 +444,14 @@ static void h_bad_version(struct hctx *x)
 
 static void h_no_fd(struct hctx *x)
 {
+	x->reset = true;
 	struct sdp_hello h = mk_hello(x->port, x->rport, 80);
 	send_to_rv(geteuid(), x->port, &h, sizeof h, NULL, 0);
 }
 
 static void h_pipe(struct hctx *x)
 {
+	x->reset = true;
 	struct sdp_hello h = mk_hello(x->port, x->rport, 81);
 	int p[2];
 	SYS(pipe(p));
@@ -430,16 +462,19 @@ static void h_pipe(struct hctx *x)
 
 static void h_small(struct hctx *x)
 {
+	x->reset = true;
 	send_forged(geteuid(), x->port, x->rport, 82, R_SMALL);
 }
 
 static void h_unsealed(struct hctx *x)
 {
+	x->reset = true;
 	send_forged(geteuid(), x->port, x->rport, 83, R_UNSEALED);
 }
 
 static void h_region_magic(struct hctx *x)
 {
+	x->reset = true;
 	send_forged(geteuid(), x->port, x->rport, 84, R_BADMAGIC);
 }
 
@@ -453,6 +488,7 @@ static void h_token(struct hctx *x)
 
 static void h_two_fds(struct hctx *x)
 {
+	x->reset = true;
 	/* a correct hello, but two descriptors attached */
 	struct sdp_hello h = mk_hello(x->port, x->rport, 87);
 	int fds[2] = { mk_region(87, R_GOOD), -1 };
@@ -464,6 +500,20 @@ static void h_two_fds(struct hctx *x)
 	SYS(close(fds[0]));
 	SYS(close(p[0]));
 	SYS(close(p[1]));
+}
+
+static void h_many_fds(struct hctx *x)
+{
+	/* more descriptors than the listener takes: the kernel cuts them off
+	 * (MSG_CTRUNC), as it does when the listener is at its fd limit */
+	x->reset = true;
+	struct sdp_hello h = mk_hello(x->port, x->rport, 95);
+	int fds[12];
+	fds[0] = mk_region(95, R_GOOD);
+	for (int i = 1; i < 12; i++)
+		fds[i] = fds[0];
+	send_to_rv(geteuid(), x->port, &h, sizeof h, fds, 12);
+	SYS(close(fds[0]));
 }
 
 static void h_never(struct hctx *x)
@@ -516,6 +566,7 @@ static void h_flood(struct hctx *x)
  * whole region inside the memfd; unknown flags are refused. */
 static void h_pooled_past_end(struct hctx *x)
 {
+	x->reset = true;
 	struct sdp_hello h = mk_hello(x->port, x->rport, 90);
 	int m = mk_region(90, R_GOOD);
 	set_offer(&h, F_SIZE / 4096, SHM_OFFER_POOLED);   /* just past the end */
@@ -528,6 +579,7 @@ static void h_pooled_past_end(struct hctx *x)
 
 static void h_pooled_no_room(struct hctx *x)
 {
+	x->reset = true;
 	/* a good header one page in, but the rings would run past the end */
 	struct sdp_hello h = mk_hello(x->port, x->rport, 91);
 	int m = mk_region_at(91, R_GOOD, 1, F_SIZE);
@@ -539,6 +591,7 @@ static void h_pooled_no_room(struct hctx *x)
 
 static void h_bad_flags(struct hctx *x)
 {
+	x->reset = true;
 	struct sdp_hello h = mk_hello(x->port, x->rport, 92);
 	int m = mk_region(92, R_GOOD);
 	h.flags = 0x100;                      /* the hello's */
@@ -554,6 +607,7 @@ static void h_bad_flags(struct hctx *x)
  * reserved word. */
 static void h_bad_offer(struct hctx *x)
 {
+	x->reset = true;
 	struct sdp_hello h = mk_hello(x->port, x->rport, 95);
 	int m = mk_region(95, R_GOOD);
 	h.fabric = 0xEE;
@@ -977,6 +1031,7 @@ static const struct hcase cases[] = {
 	{ "memfd-bad-head",  h_region_magic,  NULL },
 	{ "token-mismatch",  h_token,         NULL },
 	{ "two-fds",         h_two_fds,       NULL },
+	{ "many-fds",        h_many_fds,      NULL },
 	{ "never-connects",  h_never,         NULL },
 	{ "flood",           h_flood,         NULL },
 	{ "pooled-past-end", h_pooled_past_end, NULL },
@@ -1017,6 +1072,8 @@ static void run_case(const struct hcase *hc)
 	sdp_client_ok(x.l, x.port, 3);
 	if (x.forged)
 		forged_ok(&x);
+	else if (x.reset)
+		plain_client_reset(x.l, x.raw, x.port);
 	else
 		plain_client_ok(x.l, x.raw, x.port, 5);
 	for (int i = 0; i < x.nheld; i++)

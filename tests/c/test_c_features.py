@@ -32,8 +32,11 @@ PROGRAMS = sorted(p.stem for p in HERE.glob("t_*.c"))
 # new pair of mappings in /proc/self/maps, which needs a region per
 # connection; region reuse has its own program (t_region).
 PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
+            "t_scribble": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
-            "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"}}
+            "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"},
+            # 2 GiB regions: eight would not fit an arena a peer maps
+            "t_bigregion": {"SDP_NSLOTS": "1024", "SDP_SLOT_SIZE": "1048576"}}
 
 # Programs that print metrics (TL_METRIC name value, testlib.h tl_metric)
 # which their SDP run compares with the kernel TCP run of the same program:
@@ -136,3 +139,25 @@ def test_tcp_fortify_entry_points():
                  "fcntl64"):
         assert want in syms, "%s not referenced by t_fortify: %s" % (
             want, sorted(syms))
+
+
+def test_sdp_refuses_unworkable_settings():
+    """SDP_NSLOTS=4096 and SDP_SLOT_SIZE=4194304 are each valid, but
+    together they make a 32 GiB region, more than an accepting side maps:
+    the library says so at start-up, naming both, and runs with the
+    defaults - the program's connections work over SDP."""
+    missing = [str(p) for p in (LIBSDP, SDP) if not p.exists()]
+    if missing:
+        pytest.skip("libsdp not built: missing " + ", ".join(missing))
+    env = dict(os.environ)
+    env.pop("LD_PRELOAD", None)
+    env.update(SDP_EXPECT="sdp", SDP_NSLOTS="4096", SDP_SLOT_SIZE="4194304")
+    res = subprocess.run([str(SDP), "run", "--", str(BIN_DIR / "t_stream")], env=env,
+                         cwd=str(BIN_DIR), stdin=subprocess.DEVNULL,
+                         capture_output=True, timeout=TIMEOUT)
+    err = res.stderr.decode(errors="replace")
+    assert res.returncode == 0, "t_stream failed with unworkable settings:\n" + err
+    refusals = [ln for ln in err.splitlines() if "refusing" in ln]
+    assert refusals, "no start-up message refusing the settings:\n" + err
+    assert all("SDP_NSLOTS=4096" in ln and "SDP_SLOT_SIZE=4194304" in ln
+               for ln in refusals), "the message does not name both settings:\n" + err
