@@ -357,8 +357,11 @@ CSSERV_LISTEN_PORT = {CS_BASE + i}
                 rc, _, _ = _run(["umount", mnt], timeout=20)
                 if rc != 0:
                     _run(["umount", "-l", mnt], timeout=20)
-        stop_all(self.mounts + self.chunkservers + ([self.master] if self.master else []),
-                 grace=5)
+        # Clients first, then the servers: a client still running when its
+        # master goes away reconnects, and that refused connection would
+        # count as a TCP one in its SDP_STATS_DIR totals.
+        stop_all(self.mounts, grace=5)
+        stop_all(self.chunkservers + ([self.master] if self.master else []), grace=5)
         if self.store_mounted:
             rc, _, _ = _run(["umount", self.store], timeout=20)
             if rc != 0:
