@@ -393,10 +393,13 @@ static void progress(struct ofi_conn *oc)
 
 void ofi_wake(struct ofi_conn *oc)
 {
-	/* Dekker with ofi_arm: the arrival was stored before this load, the
-	 * sleeper's arm before its look at the arrivals. */
-	atomic_thread_fence(memory_order_seq_cst);
-	if (atomic_load_explicit(&oc->local_armed, memory_order_relaxed)) {
+	/* Dekker with ofi_arm: the arrival was stored before this look at
+	 * the arm, the sleeper's arm (a read-modify-write of the same word)
+	 * before its look at the arrivals. Both are read-modify-writes of
+	 * local_armed, so one reads the other's: either this one sees the
+	 * arm, or the sleeper's acquires this side's arrival. (Not a fence:
+	 * ThreadSanitizer does not model fences.) */
+	if (atomic_fetch_or_explicit(&oc->local_armed, 0, memory_order_seq_cst)) {
 		uint64_t one = 1;
 		ssize_t w = sys_write(oc->evfd, &one, sizeof one);
 		(void)w;
