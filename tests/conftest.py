@@ -405,7 +405,8 @@ def run_cmd(argv, timeout: float, env=None, cwd=None, input: bytes | None = None
 # --------------------------------------------------------------------------
 
 STAT_KEYS = ("sdp_conns", "tcp_conns", "tx_bytes", "rx_bytes",
-             "regions_created", "regions_reused", "regions_mapped", "mappings_reused")
+             "regions_created", "regions_reused", "regions_mapped", "mappings_reused",
+             "net_conns", "net_tx_bytes", "net_rx_bytes")
 
 
 def _sum_stats(objs) -> dict:

@@ -206,6 +206,9 @@ enum {
 	FAB_T_REMOTE  = 1u << 3,
 };
 
+/* Does a network fabric (FAB_T_REMOTE) carry this endpoint? (statistics) */
+#define FAB_EP_NET(ep) ((ep)->ops && ((ep)->ops->traits & FAB_T_REMOTE))
+
 /* A policy's choice of transport for an address (policy.h "use ... FABRIC"). */
 enum fab_pref {
 	FAB_PREF_ANY = 0,              /* whichever provider reaches the peer */

@@ -129,9 +129,10 @@ int  sdp_pool_init(void);                         /* once per process image */
 void sdp_pool_atfork_child(void);
 struct sdp_conn *sdp_conn_alloc(void);
 void sdp_conn_free(struct sdp_conn *c);
-void sdp_proc_count(int sdp, int tcp);            /* per-process totals */
+void sdp_proc_count(int sdp, int tcp, bool net);  /* per-process totals; net:
+						   a network fabric carries it */
 void sdp_proc_region(int accepting, bool reused);
-void sdp_proc_bytes(uint64_t tx, uint64_t rx);
+void sdp_proc_bytes(uint64_t tx, uint64_t rx, bool net);
 void sdp_proc_note_socket(void);                 /* a TCP listener or connection */
 void sdp_proc_write_stats(const char *dir);       /* SDP_STATS_DIR at exit, if
 						     the process had sockets */

@@ -74,6 +74,9 @@ static void proc_register(void)
 	atomic_store(&myproc->tcp_conns, 0);
 	atomic_store(&myproc->tx_bytes, 0);
 	atomic_store(&myproc->rx_bytes, 0);
+	atomic_store(&myproc->net_conns, 0);
+	atomic_store(&myproc->net_tx_bytes, 0);
+	atomic_store(&myproc->net_rx_bytes, 0);
 	for (int i = 0; i < 2; i++) {
 		atomic_store(&myproc->regions[i], 0);
 		atomic_store(&myproc->regions_reused[i], 0);
@@ -218,13 +221,15 @@ void sdp_proc_note_socket(void)
 		atomic_store(&had_sockets, true);
 }
 
-void sdp_proc_count(int sdp, int tcp)
+void sdp_proc_count(int sdp, int tcp, bool net)
 {
 	sdp_proc_note_socket();
 	if (!myproc)
 		return;
 	if (sdp)
 		atomic_fetch_add(&myproc->sdp_conns, (uint64_t)sdp);
+	if (sdp && net)
+		atomic_fetch_add(&myproc->net_conns, (uint64_t)sdp);
 	if (tcp)
 		atomic_fetch_add(&myproc->tcp_conns, (uint64_t)tcp);
 }
@@ -238,7 +243,7 @@ void sdp_proc_region(int accepting, bool reused)
 		atomic_fetch_add(&myproc->regions_reused[accepting != 0], 1);
 }
 
-void sdp_proc_bytes(uint64_t tx, uint64_t rx)
+void sdp_proc_bytes(uint64_t tx, uint64_t rx, bool net)
 {
 	if (!myproc)
 		return;
@@ -246,6 +251,10 @@ void sdp_proc_bytes(uint64_t tx, uint64_t rx)
 		atomic_fetch_add_explicit(&myproc->tx_bytes, tx, memory_order_relaxed);
 	if (rx)
 		atomic_fetch_add_explicit(&myproc->rx_bytes, rx, memory_order_relaxed);
+	if (net && tx)
+		atomic_fetch_add_explicit(&myproc->net_tx_bytes, tx, memory_order_relaxed);
+	if (net && rx)
+		atomic_fetch_add_explicit(&myproc->net_rx_bytes, rx, memory_order_relaxed);
 }
 
 void sdp_proc_write_stats(const char *dir)
@@ -278,7 +287,8 @@ void sdp_proc_write_stats(const char *dir)
 	fprintf(f, "{\"pid\": %d, \"comm\": \"%s\", \"sdp_conns\": %llu, "
 		"\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
 		"\"regions_created\": %llu, \"regions_reused\": %llu, "
-		"\"regions_mapped\": %llu, \"mappings_reused\": %llu}\n",
+		"\"regions_mapped\": %llu, \"mappings_reused\": %llu, "
+		"\"net_conns\": %llu, \"net_tx_bytes\": %llu, \"net_rx_bytes\": %llu}\n",
 		(int)getpid(), esc,
 		(unsigned long long)atomic_load(&myproc->sdp_conns),
 		(unsigned long long)atomic_load(&myproc->tcp_conns),
@@ -287,7 +297,10 @@ void sdp_proc_write_stats(const char *dir)
 		(unsigned long long)atomic_load(&myproc->regions[0]),
 		(unsigned long long)atomic_load(&myproc->regions_reused[0]),
 		(unsigned long long)atomic_load(&myproc->regions[1]),
-		(unsigned long long)atomic_load(&myproc->regions_reused[1]));
+		(unsigned long long)atomic_load(&myproc->regions_reused[1]),
+		(unsigned long long)atomic_load(&myproc->net_conns),
+		(unsigned long long)atomic_load(&myproc->net_tx_bytes),
+		(unsigned long long)atomic_load(&myproc->net_rx_bytes));
 	fclose(f);
 	rename(tmp, path);
 }

@@ -11,7 +11,7 @@
 #include "sdp/conn.h"
 
 #define SDP_POOL_MAGIC    0x5344504cu     /* "SDPL" */
-#define SDP_POOL_VERSION  2
+#define SDP_POOL_VERSION  3
 #define SDP_POOL_NAME     "sdp-pool"
 #define SDP_POOL_PROCS    256
 #define SDP_POOL_CONNS    16384
@@ -28,6 +28,11 @@ struct sdp_proc {                  /* one per process using the pool */
 	 * side; "reused" of them came from an earlier connection */
 	_Atomic uint64_t regions[2];
 	_Atomic uint64_t regions_reused[2];
+	/* of the SDP connections and bytes above, those a network fabric
+	 * carried (FAB_T_REMOTE: ofi), not shared memory; TCP: none */
+	_Atomic uint64_t net_conns;
+	_Atomic uint64_t net_tx_bytes;
+	_Atomic uint64_t net_rx_bytes;
 };
 
 struct sdp_pool_hdr {

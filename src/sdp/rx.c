@@ -317,10 +317,11 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->ep.ops->set_rx_bytes(&c->ep, c->rx_stream);
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
 	}
+	bool net = FAB_EP_NET(&c->ep);
 	sdp_unlock(&c->rx_lock);
 	sdp_reset_tell(c, fd);
 	if (!peek)
-		sdp_proc_bytes(0, rc.copied);
+		sdp_proc_bytes(0, rc.copied, net);
 	if (rc.copied)
 		return (ssize_t)rc.copied;
 	return r;

@@ -250,8 +250,9 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		else if (z > 0) {
 			done = (size_t)z;
 			c->st.tx_bytes += done;
+			bool net = FAB_EP_NET(ep);
 			sdp_unlock(&c->tx_lock);
-			sdp_proc_bytes(done, 0);
+			sdp_proc_bytes(done, 0, net);
 			return (ssize_t)done;
 		}
 	}
@@ -308,9 +309,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	c->st.tx_bytes += done;
 	/* Also written by receives (rx_release), under the other lock. */
 	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
+	bool net = FAB_EP_NET(ep);
 	sdp_unlock(&c->tx_lock);
 	sdp_reset_tell(c, fd);
-	sdp_proc_bytes(done, 0);
+	sdp_proc_bytes(done, 0, net);
 	if (done || total == 0)
 		return (ssize_t)done;
 	return r;

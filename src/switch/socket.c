@@ -232,7 +232,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 	if (!c) {
 		if (r == 0 || e == EINPROGRESS) {
 			fd_set_tcp(fd, SDP_ROLE_CLIENT);
-			sdp_proc_count(0, 1);
+			sdp_proc_count(0, 1, false);
 			epoll_drop_pending(fd);
 			sdp_log(2, "connect fd %d: TCP (%s)", fd, why);
 		}
@@ -245,7 +245,7 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		conn_adopt(fd, c, false, fd_opts(fd));
 		fd_set_sdp(fd, c);
 		epoll_adopt(fd, c);
-		sdp_proc_count(1, 0);
+		sdp_proc_count(1, 0, FAB_EP_NET(&c->ep));
 		sdp_log(2, "connect fd %d: SDP over %s%s", fd, c->ep.label, r ? " (in progress)" : "");
 	} else {
 		sdp_connect_done(c, fd, e);
@@ -301,11 +301,11 @@ static int after_accept(int lfd, int nfd, int flags)
 	if (c) {
 		conn_adopt(nfd, c, flags & SOCK_NONBLOCK, opts);
 		fd_set_sdp(nfd, c);
-		sdp_proc_count(1, 0);
+		sdp_proc_count(1, 0, FAB_EP_NET(&c->ep));
 		sdp_log(2, "accept fd %d -> %d: SDP over %s", lfd, nfd, c->ep.label);
 	} else {
 		fd_set_tcp(nfd, SDP_ROLE_SERVER);
-		sdp_proc_count(0, 1);
+		sdp_proc_count(0, 1, false);
 		const char *w = sdp_why_take();
 		sdp_log(2, "accept fd %d -> %d: TCP (%s)", lfd, nfd,
 			k != FDK_LISTEN ? "listen() was not seen on this socket" :

@@ -456,8 +456,13 @@ static void print_procs(const struct scan *s, int k, bool json)
 			printf("%s\n {\"pid\": %d, \"comm\": \"%s\", \"sdp_conns\": %llu, "
 			       "\"tcp_conns\": %llu, \"tx_bytes\": %llu, \"rx_bytes\": %llu, "
 			       "\"regions_created\": %llu, \"regions_reused\": %llu, "
-			       "\"regions_mapped\": %llu, \"mappings_reused\": %llu}",
-			       first ? "" : ",", pid, comm, sc, tc, tx, rx, rc, rr, mc, mr);
+			       "\"regions_mapped\": %llu, \"mappings_reused\": %llu, "
+			       "\"net_conns\": %llu, \"net_tx_bytes\": %llu, "
+			       "\"net_rx_bytes\": %llu}",
+			       first ? "" : ",", pid, comm, sc, tc, tx, rx, rc, rr, mc, mr,
+			       (unsigned long long)pr->net_conns,
+			       (unsigned long long)pr->net_tx_bytes,
+			       (unsigned long long)pr->net_rx_bytes);
 		} else {
 			char a[48], b[48];
 			snprintf(a, sizeof a, "%llu(%llu)", rc, rr);
