@@ -383,7 +383,9 @@ struct fab_ops {
 	 * moved), wake the peer if it armed for it: 1 if a wake-up was sent, 0
 	 * if none was needed, -errno. drain: consume pending wake-ups on wfd;
 	 * 0, 1 = the peer's socket is closed (orderly EOF seen) or -errno
-	 * (-ECONNRESET, -EPIPE: the peer is gone). */
+	 * (-ECONNRESET, -EPIPE: the peer is gone; -ETIMEDOUT: a network
+	 * fabric's connection timed out). wfd < 0 (network providers only):
+	 * consume nothing, only say -ETIMEDOUT or 0. */
 	void     (*arm)(struct fab_ep *ep, unsigned what);
 	void     (*disarm)(struct fab_ep *ep, unsigned what);
 	int      (*kick)(struct fab_ep *ep, int wfd, unsigned what);

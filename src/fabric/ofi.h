@@ -277,6 +277,15 @@ struct ofi_conn {
 					* may sleep (local_armed) */
 	_Atomic uint32_t local_armed;  /* enum fab_wait our sleepers wait for */
 	int chan;                      /* the hello's TCP socket until up, or -1 */
+	/* The application's TCP_USER_TIMEOUT (ms; 0 = the kernel's default)
+	 * as copied onto libfabric's own socket of this endpoint (tcp
+	 * provider), so a cut link fails the fabric connection as it would
+	 * fail TCP's; looked at (opt_ns, fab clock ns) at most every 200 ms
+	 * before a sleep. fsock: that socket once found, -1 none, -2 not
+	 * looked for yet. */
+	int utmo_ms;
+	int fsock;
+	_Atomic uint64_t opt_ns;
 	uint64_t token, secret;
 	uint32_t nslots, slot_size, nbufs;   /* nbufs = nslots + OFI_KICKS */
 	/* memory (mmap, MADV_DONTFORK) */
@@ -348,6 +357,7 @@ int  ofi_publish(struct ofi_conn *oc);       /* copy our block to the peer */
 struct ofi_op *ofi_misc_op(struct ofi_conn *oc);
 void ofi_misc_done(struct ofi_conn *oc);
 void ofi_fail(struct ofi_conn *oc, int err, const char *why);
+bool ofi_timed_out(struct ofi_conn *oc);     /* its socket's TCP_USER_TIMEOUT ran out */
 void ofi_up(struct ofi_conn *oc);            /* the connection came up */
 void ofi_wake(struct ofi_conn *oc);          /* make wfd readable if someone sleeps */
 

@@ -31,6 +31,8 @@
 #include <poll.h>
 #include <sched.h>
 #include <string.h>
+#include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -406,6 +408,21 @@ void ofi_wake(struct ofi_conn *oc)
 	}
 }
 
+/* Did the fabric's own socket (found for the application's
+ * TCP_USER_TIMEOUT, copy_user_timeout) close because that timeout ran out
+ * while it retransmitted? libfabric then says only "not connected" or
+ * "shut down", which would read as the peer's close. Only read: the
+ * number may be another descriptor's by now. */
+bool ofi_timed_out(struct ofi_conn *oc)
+{
+	struct tcp_info ti;
+	socklen_t l = sizeof ti;
+	return oc->utmo_ms > 0 && oc->fsock >= 0 &&
+	       !sys_getsockopt(oc->fsock, IPPROTO_TCP, TCP_INFO, &ti, &l) &&
+	       ti.tcpi_state == TCP_CLOSE &&
+	       (ti.tcpi_retransmits || ti.tcpi_backoff || ti.tcpi_probes);
+}
+
 void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 {
 	/* The fabric connection is broken: nothing more comes on it (the
@@ -417,6 +434,13 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
 		return;
 	oc->err = err < 0 ? err : -EIO;
+	/* A link that timed out is no close of the peer's: reset, and the
+	 * application hears ETIMEDOUT as from TCP (ofi_drain). */
+	bool timed_out = st == OFI_ST_UP && ofi_timed_out(oc);
+	if (timed_out) {
+		oc->err = -ETIMEDOUT;
+		was_shut = false;
+	}
 	/* The peer never came up if it never copied its block to us (it does
 	 * as it comes up): it closed or failed first, and consumed nothing.
 	 * We may be up and have sent: the hand-back re-sends it all. */
@@ -444,6 +468,7 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 		return;
 	}
 	OFI_LOG(0, "ofi: %s (%s): connection reset", why,
+		timed_out ? "its socket timed out: TCP_USER_TIMEOUT" :
 		ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
 	atomic_store(&oc->state, OFI_ST_DOWN);
 	ofi_wake(oc);
@@ -865,6 +890,12 @@ static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
 static int ofi_drain(struct fab_ep *ep, int wfd)
 {
 	struct ofi_conn *oc = ofi_of(ep);
+	/* The fabric's connection timed out (ofi_fail): as TCP says it.
+	 * wfd < 0: only that is asked (the engine reporting a reset). */
+	if (oc && state(oc) == OFI_ST_DOWN && oc->err == -ETIMEDOUT)
+		return -ETIMEDOUT;
+	if (wfd < 0)
+		return 0;
 	if (oc) {
 		uint64_t v;
 		ssize_t e = sys_read(oc->evfd, &v, sizeof v);
@@ -913,13 +944,99 @@ static int ofi_tokens_took(struct fab_ep *ep, const void *buf, size_t n)
 	return n ? -EPROTO : 0;
 }
 
+/* ---- the application's TCP_USER_TIMEOUT on the fabric's socket ------------- */
+
+/* Same address and port? (what getsockname/getpeername and libfabric's
+ * getname/getpeer give: the fields that matter, not the padding) */
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET) {
+		const struct sockaddr_in *x = (const void *)a, *y = (const void *)b;
+		return x->sin_port == y->sin_port && x->sin_addr.s_addr == y->sin_addr.s_addr;
+	}
+	if (a->ss_family == AF_INET6) {
+		const struct sockaddr_in6 *x = (const void *)a, *y = (const void *)b;
+		return x->sin6_port == y->sin6_port &&
+		       !memcmp(&x->sin6_addr, &y->sin6_addr, sizeof x->sin6_addr);
+	}
+	return false;
+}
+
+/* Is fd the TCP socket whose ends are the endpoint's addresses? */
+static bool is_fabric_sock(int fd, const struct sockaddr_storage *la,
+			   const struct sockaddr_storage *pa)
+{
+	struct sockaddr_storage a;
+	socklen_t l = sizeof a;
+	if (sys_getsockname(fd, &a, &l) || !same_addr(&a, la))
+		return false;
+	l = sizeof a;
+	return !sys_getpeername(fd, &a, &l) && same_addr(&a, pa);
+}
+
+/*
+ * Over the tcp provider the data travels on a TCP connection of
+ * libfabric's, not on the application's socket, which stays idle: the
+ * application's TCP_USER_TIMEOUT would never fire, and a sender blocked
+ * behind a cut link would wait for the kernel's default (about 15 minutes
+ * of retransmissions) instead of failing with ETIMEDOUT after the time it
+ * asked for. Before a sleep (at most every 200 ms) copy the option onto
+ * libfabric's socket of this endpoint, found once by its addresses (other
+ * providers have none: nothing is found, nothing done). The socket is
+ * checked again before each copy: libfabric may have closed it and its
+ * number may be another descriptor's now.
+ */
+static void copy_user_timeout(struct ofi_conn *oc, int appfd)
+{
+	uint64_t now = ofi_now_ns();
+	uint64_t last = atomic_load_explicit(&oc->opt_ns, memory_order_relaxed);
+	if (appfd < 0 || oc->fsock == -1 || (last && now - last < 200000000ull) ||
+	    !atomic_compare_exchange_strong(&oc->opt_ns, &last, now))
+		return;
+	int ut = 0;
+	socklen_t l = sizeof ut;
+	if (sys_getsockopt(appfd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, &l) || ut == oc->utmo_ms)
+		return;
+	struct sockaddr_storage la, pa;
+	size_t ll = sizeof la, pl = sizeof pa;
+	memset(&la, 0, sizeof la);
+	memset(&pa, 0, sizeof pa);
+	if (!oc->ep || fi_getname(&oc->ep->fid, &la, &ll) || fi_getpeer(oc->ep, &pa, &pl))
+		return;
+	if (oc->fsock >= 0 && !is_fabric_sock(oc->fsock, &la, &pa))
+		oc->fsock = -2;
+	if (oc->fsock == -2) {
+		struct rlimit rl;
+		int lim = getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur > 65536 ? 65536 :
+			  (int)rl.rlim_cur;
+		oc->fsock = -1;
+		for (int fd = 0; fd < lim; fd++)
+			if (fd != appfd && fd != oc->tcp_added && is_fabric_sock(fd, &la, &pa)) {
+				oc->fsock = fd;
+				break;
+			}
+		if (oc->fsock < 0) {
+			OFI_LOG(2, "ofi: no socket of the fabric's found for TCP_USER_TIMEOUT");
+			return;
+		}
+	}
+	if (sys_setsockopt(oc->fsock, IPPROTO_TCP, TCP_USER_TIMEOUT, &ut, sizeof ut) == 0) {
+		oc->utmo_ms = ut;
+		OFI_LOG(2, "ofi: TCP_USER_TIMEOUT %d ms on the fabric's socket (fd %d)", ut,
+			oc->fsock);
+	}
+}
+
 /* A wake-up the peer may be owed although it did not arm: its arm bits
  * are in its own block, which only it writes (and copies to us), so none
  * is lost that way; a sleeper's arm already told us what it waits for. */
 static int ofi_kick_owed(struct fab_ep *ep, int wfd)
 {
-	(void)ep;
-	(void)wfd;
+	struct ofi_conn *oc = ofi_of(ep);
+	if (oc && state(oc) == OFI_ST_UP)
+		copy_user_timeout(oc, wfd);
 	return 0;
 }
 

@@ -169,6 +169,7 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	oc->side = side;
 	oc->dom = d;
 	oc->wfd = oc->chan = oc->tcp_added = oc->evfd = -1;
+	oc->fsock = -2;
 	pthread_mutex_init(&oc->plock, NULL);
 	pthread_mutex_init(&oc->wlock, NULL);
 	oc->nslots = nslots;
@@ -469,6 +470,10 @@ void ofi_cm_progress(struct ofi_dom *d)
 		} else if (ev == FI_SHUTDOWN) {
 			/* The peer's endpoint is gone: its TCP socket tells
 			 * whether it closed or died (the engine reads it). */
+			if (atomic_load(&oc->state) == OFI_ST_UP && ofi_timed_out(oc)) {
+				ofi_fail(oc, -ETIMEDOUT, "the fabric's connection");
+				continue;
+			}
 			oc->peer_shut = true;
 			if (atomic_load(&oc->state) != OFI_ST_UP ||
 			    atomic_load(&oc->peer->vers_head) == 0)

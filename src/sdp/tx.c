@@ -179,6 +179,11 @@ int sdp_reset_errno(struct sdp_conn *c)
 {
 	if (!sdp_take_reset(c))
 		return 0;
+	/* A network fabric's connection that timed out (ofi: the
+	 * application's TCP_USER_TIMEOUT on the fabric's socket) is
+	 * reported as TCP reports it. */
+	if (FAB_EP_NET(&c->ep) && c->ep.ops->drain(&c->ep, -1) == -ETIMEDOUT)
+		return ETIMEDOUT;
 	return sdp_marked(c, FAB_M_FIN) ? EPIPE : ECONNRESET;
 }
 
@@ -313,6 +318,13 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	sdp_unlock(&c->tx_lock);
 	sdp_reset_tell(c, fd);
 	sdp_proc_bytes(done, 0, net);
+	/* A send that moved some bytes returns their count; an error met
+	 * after them is the next call's, as TCP keeps sk_err for it (taken
+	 * here it would be lost: a reset would then read as EPIPE). */
+	if (done && r < 0 && r != -EAGAIN && r != -EINTR && r != -SDP_EFALLBACK) {
+		int32_t z = 0;
+		atomic_compare_exchange_strong(&c->so_error, &z, -r);
+	}
 	if (done || total == 0)
 		return (ssize_t)done;
 	return r;

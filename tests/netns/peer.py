@@ -7,11 +7,14 @@ usage:
   peer.py client ADDR PORT MODE ARG MODE: send NBYTES (send, shut down writes,
                                     check the digest), recv (block in recv,
                                     print how it ended), keepalive (as recv,
-                                    with TCP keepalive and a user timeout)
+                                    with TCP keepalive and a user timeout),
+                                    flood (send without end with a user timeout
+                                    and no keepalive, print how it ended)
 A server prints "listening" once it listens, a client "connected" once it
 connected, so the test can act at those points (ready files: argv's
 $PEER_READY if set).
 """
+import errno
 import hashlib
 import os
 import socket
@@ -66,6 +69,20 @@ def client(addr, port, mode, arg):
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 1)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 2)
         c.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 3000)
+    if mode == "flood":
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, 3000)
+        block = os.urandom(1 << 16)
+        sent, told = 0, False
+        try:
+            while True:
+                sent += c.send(block)
+                if sent >= 4 << 20 and not told:
+                    ready("sending")
+                    told = True
+        except OSError as e:
+            print("send error %s (%s) after %d bytes" % (e.__class__.__name__,
+                  errno.errorcode.get(e.errno, e.errno), sent), flush=True)
+        return 0
     if mode in ("recv", "keepalive"):
         ready("connected")
         try:

@@ -18,7 +18,8 @@ What is proven:
 * two processes of one namespace still use shm;
 * kill -9 of either end: the survivor's blocked recv ends (EOF or
   ECONNRESET, as TCP), never hangs; a cut link (veth down) with keepalive
-  and TCP_USER_TIMEOUT gives ETIMEDOUT, as TCP does;
+  and TCP_USER_TIMEOUT gives ETIMEDOUT, as TCP does, under a blocked
+  recv and under a sender (TCP_USER_TIMEOUT alone);
 * applications: iperf3, redis, the checksummed stress test.
 """
 import json
@@ -364,6 +365,31 @@ def test_cut_link(hosts, mode):
     finally:
         hosts.link(True)
     assert "recv error TimeoutError" in out, out + err[-2000:]
+
+
+@pytest.mark.parametrize("mode", ["sdp", "tcp"])
+def test_cut_link_under_send(hosts, mode):
+    """veth down under a sender that keeps sending (TCP_USER_TIMEOUT 3 s,
+    no keepalive; the receiver reads all): its send fails with ETIMEDOUT
+    (TimeoutError) as TCP's, never hangs."""
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "sink"],
+                       sdp=mode == "sdp"), env)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "flood"],
+                       sdp=mode == "sdp"), env)
+    cli.wait_line("sending", timeout=30)
+    hosts.link(False)
+    try:
+        rc, out, err = cli.finish(timeout=40)
+    finally:
+        hosts.link(True)
+    # TCP says ETIMEDOUT, or EHOSTUNREACH when the link's neighbour
+    # resolution failed meanwhile (its soft error): either, not EPIPE
+    assert "send error TimeoutError" in out or "(EHOSTUNREACH)" in out, out + err[-2000:]
+    if mode == "sdp":
+        assert "SDP over ofi:tcp" in err, err[-2000:]
 
 
 # ---- applications ------------------------------------------------------------------------
