@@ -194,6 +194,8 @@ void listener_free(struct sdp_listener *l)
 		close_fds(l->pend[i].fds, l->pend[i].h.nfds);
 	for (int i = 0; i < l->nsilent; i++)
 		sys_close(l->silent[i].fd);
+	for (int i = 0; i < l->nnetsilent; i++)
+		sys_close(l->netsilent[i].fd);
 	free(l->pend);
 	if (l->rv >= 0)
 		sys_close(l->rv);
@@ -605,15 +607,44 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 			return 0;
 	}
 	/* Hellos of other hosts (hello_net.c). Each was acknowledged by our
-	 * kernel before its client's SYN: whole, or not a client's (one whose
-	 * hello is still on its way is refused and uses TCP). The socket goes
-	 * with the hello. */
+	 * kernel before its client's SYN: whole when its connection is
+	 * accepted. A rendezvous connection whose hello is still on its way
+	 * belongs to a client still setting up its endpoint: kept (silent)
+	 * and looked at again by the next drains for SILENT_NS, then closed
+	 * (its client then uses TCP). The socket goes with the hello. */
+	for (int i = l->nnetsilent - 1; i >= 0; i--) {
+		struct sdp_hello h;
+		int s = l->netsilent[i].fd;
+		int r = sdp_net_take(s, &h);
+		if (r == 0 && now >= l->netsilent[i].since_ns &&
+		    now - l->netsilent[i].since_ns < SILENT_NS)
+			continue;
+		l->netsilent[i] = l->netsilent[--l->nnetsilent];
+		if (r != 1 || (l->npend == l->cap && !pend_grow(l))) {
+			sys_close(s);
+			continue;
+		}
+		l->pend[l->npend].h = h;
+		l->pend[l->npend].fds[0] = s;
+		l->pend[l->npend].rx_ns = now;
+		l->npend++;
+		hello_keys(&h, &tl, &tp);
+		if (drain_stop(l, 1, &tl, &tp, lk, pk, shared, &mark, now))
+			return 0;
+	}
 	while (l->net1 > 0) {
 		int s = sys_accept4(l->net1 - 1, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (s < 0)
 			break;
 		struct sdp_hello h;
-		if (sdp_net_take(s, &h) != 1 || (l->npend == l->cap && !pend_grow(l))) {
+		int r = sdp_net_take(s, &h);
+		if (r == 0 && l->nnetsilent < SILENT_MAX) {
+			l->netsilent[l->nnetsilent].fd = s;
+			l->netsilent[l->nnetsilent].since_ns = now;
+			l->nnetsilent++;
+			continue;
+		}
+		if (r != 1 || (l->npend == l->cap && !pend_grow(l))) {
 			sys_close(s);
 			continue;
 		}

@@ -233,15 +233,18 @@ static int rv_connect(const struct sockaddr *dst, socklen_t len)
 
 /* Wait (at most ofi_hello_ms) until the server's kernel acknowledged all
  * we sent on s. */
-static bool acked(int s)
+static bool acked(int s, const char **why)
 {
 	uint64_t end = sdp_now_ns() + (uint64_t)sdp_tun.ofi_hello_ms * 1000000ull;
 	for (unsigned i = 0;; i++) {
 		struct tcp_info ti;
 		socklen_t tl = sizeof ti;
 		if (sys_getsockopt(s, SOL_TCP, TCP_INFO, &ti, &tl) < 0 ||
-		    ti.tcpi_state != TCP_ESTABLISHED)
+		    ti.tcpi_state != TCP_ESTABLISHED) {
+			*why = "the server closed its network rendezvous before it "
+			       "acknowledged the hello";
 			return false;
+		}
 		int q = 0;
 		if (ti.tcpi_unacked == 0 && syscall(SYS_ioctl, s, SIOCOUTQ, &q) == 0 && q == 0)
 			return true;
@@ -375,7 +378,7 @@ struct sdp_conn *sdp_net_connect(int fd, const struct sockaddr *dst, socklen_t l
 	if (sys_send(chan, &h, sizeof h, MSG_NOSIGNAL | MSG_DONTWAIT) != (ssize_t)sizeof h)
 		goto undo;
 	why = "the server's kernel did not acknowledge the hello in time";
-	if (!acked(chan))
+	if (!acked(chan, &why))
 		goto undo;
 	fab_label_default(&c->ep);
 	c->token = h.token;

@@ -84,6 +84,11 @@ struct sdp_listener {
 	int npend, cap;
 	struct silent silent[SILENT_MAX];
 	int nsilent;
+	/* network rendezvous connections whose hello is still on its way
+	 * (its client connected, then set up its endpoint): kept SILENT_NS,
+	 * looked at again by the next drains */
+	struct silent netsilent[SILENT_MAX];
+	int nnetsilent;
 	/* SO_REUSEPORT groups (group.c) */
 	bool group;                    /* others may join this rendezvous */
 	bool want_withdraw;            /* withdraw it as soon as we have it */
