@@ -99,7 +99,17 @@ int main(void)
 	tl_fill(huge, 16u << 20, 0, SEED + 1);
 	ssize_t part = send(c, huge, 16u << 20, MSG_DONTWAIT);
 	CHECK(part > 0 && part < (16 << 20), "send of 16 MiB -> %zd", part);
-	CHECK_ERR(send(c, huge + part, 1, MSG_DONTWAIT), EAGAIN);
+	/* Full now - on one host. Across a link (TL_NET_CLIENT_NS: two
+	 * namespaces) acknowledgements arrive on their own time and may
+	 * have made room already, for kernel TCP as for SDP. */
+	if (getenv("TL_NET_CLIENT_NS")) {
+		ssize_t one = send(c, huge + part, 1, MSG_DONTWAIT);
+		CHECK(one == 1 || (one < 0 && errno == EAGAIN), "send of 1 byte -> %zd", one);
+		if (one == 1)
+			part++;
+	} else {
+		CHECK_ERR(send(c, huge + part, 1, MSG_DONTWAIT), EAGAIN);
+	}
 	uint64_t got2 = 0;
 	while (got2 < (uint64_t)part) {
 		ssize_t n = recv(s, buf, sizeof buf, 0);
