@@ -18,8 +18,7 @@ What is proven:
 * two processes of one namespace still use shm;
 * kill -9 of either end: the survivor's blocked recv ends (EOF or
   ECONNRESET, as TCP), never hangs; a cut link (veth down) with keepalive
-  and TCP_USER_TIMEOUT gives ETIMEDOUT, as TCP does, under a blocked
-  recv and under a sender (TCP_USER_TIMEOUT alone);
+  and TCP_USER_TIMEOUT gives ETIMEDOUT, as TCP does;
 * applications: iperf3, redis, the checksummed stress test.
 """
 import json
@@ -394,6 +393,41 @@ def test_cut_link_under_send(hosts, mode):
 
 # ---- applications ------------------------------------------------------------------------
 
+def _exit_totals(d, comm):
+    """Sum of the SDP_STATS_DIR files (libsdp(7)) the processes named comm
+    wrote at exit into directory d."""
+    tot, n = {}, 0
+    for f in sorted(Path(d).glob(f"{comm}.*.json")):
+        j = json.loads(f.read_text())
+        n += 1
+        for k, v in j.items():
+            if isinstance(v, int) and k != "pid":
+                tot[k] = tot.get(k, 0) + v
+    assert n, f"no SDP_STATS_DIR file of {comm} in {d}: {sorted(os.listdir(d))}"
+    return tot
+
+
+def _assert_net(tot, who, conns, tx=0, rx=0):
+    """The counters prove the ofi path: connections and bytes a network
+    fabric carried, no connection left on TCP."""
+    assert tot["net_conns"] >= conns and tot["tcp_conns"] == 0, f"{who}: {tot}"
+    assert tot["net_tx_bytes"] >= tx and tot["net_rx_bytes"] >= rx, f"{who}: {tot}"
+
+
+def _wait_fabric(ns, p, want, timeout=20):
+    """`sdp stat --json` in namespace ns until `want` connections on port
+    p show "fabric": "ofi:tcp" (bounded); returns them."""
+    end = time.monotonic() + timeout
+    got = []
+    while time.monotonic() < end:
+        got = [c for c in _conns(_stat(ns), p) if c.get("fabric") == "ofi:tcp"]
+        if len(got) >= want:
+            return got
+        time.sleep(0.05)
+    pytest.fail(f"`sdp stat` shows {len(got)} of {want} connections on port {p} over "
+                f"ofi:tcp: {json.dumps(_conns(_stat(ns), p))[:2000]}")
+
+
 def _wait_listen(ns, p, timeout=20):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -403,16 +437,20 @@ def _wait_listen(ns, p, timeout=20):
         time.sleep(0.05)
     pytest.fail(f"nothing listens on port {p} after {timeout} s")
 
-def test_iperf3_across_hosts(hosts):
+def test_iperf3_across_hosts(hosts, tmp_path):
     if not shutil.which("iperf3"):
         pytest.skip("iperf3 not installed")
     p = port()
-    env = _env(SDP_LOG=2)
-    srv = Bg(hosts.cmd(hosts.a, ["iperf3", "-s", "-1", "-B", SRV4, "-p", p]), env)
+    sdir, cdir = tmp_path / "srv", tmp_path / "cli"
+    sdir.mkdir()
+    cdir.mkdir()
+    srv = Bg(hosts.cmd(hosts.a, ["iperf3", "-s", "-1", "-B", SRV4, "-p", p]),
+             _env(SDP_LOG=2, SDP_STATS_DIR=sdir))
     _wait_listen(hosts.a, p)
     res = subprocess.run(hosts.cmd(hosts.b, ["iperf3", "-c", SRV4, "-p", p, "-n", 64 << 20,
                                              "-l", 128 << 10, "-J"]),
-                         env=env, capture_output=True, text=True, timeout=120)
+                         env=_env(SDP_LOG=2, SDP_STATS_DIR=cdir), capture_output=True,
+                         text=True, timeout=120)
     rep = json.loads(res.stdout)
     assert "error" not in rep, rep.get("error")
     sent = rep["end"]["sum_sent"]["bytes"]
@@ -420,6 +458,9 @@ def test_iperf3_across_hosts(hosts):
     assert res.stderr.count("SDP over ofi:tcp") >= 2, res.stderr[-2000:]   # control + data
     rc, out, err = srv.finish()
     assert err.count("SDP over ofi:tcp") >= 2, err[-2000:]
+    _assert_net(_exit_totals(cdir, "iperf3"), "iperf3 -c", 2, tx=64 << 20)
+    _assert_net(_exit_totals(sdir, "iperf3"), "iperf3 -s", 2,
+                rx=rep["end"]["sum_received"]["bytes"])
 
 
 def test_redis_across_hosts(hosts, tmp_path):
@@ -427,10 +468,23 @@ def test_redis_across_hosts(hosts, tmp_path):
         pytest.skip("redis not installed")
     p = port()
     env = _env(SDP_LOG=2)
+    sdir = tmp_path / "srv"
+    sdir.mkdir()
     srv = Bg(hosts.cmd(hosts.a, ["redis-server", "--port", p, "--bind", SRV4, "--save", "",
                                  "--protected-mode", "no",
-                                 "--appendonly", "no", "--dir", tmp_path]), env)
+                                 "--appendonly", "no", "--dir", tmp_path]),
+             _env(SDP_LOG=2, SDP_STATS_DIR=sdir))
     _wait_listen(hosts.a, p)
+    # A client blocked in BLPOP holds its connection: `sdp stat` on the
+    # server's host shows it over ofi:tcp, then a push releases it.
+    blk = Bg(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "blpop", "q", "60"]), env)
+    seen = _wait_fabric(hosts.a, p, 1)
+    assert any(c["role"] == "server" for c in seen), json.dumps(seen)
+    r = subprocess.run(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "rpush", "q", "x"]),
+                       env=env, capture_output=True, text=True, timeout=60)
+    assert r.stdout.strip() == "1", r.stdout + r.stderr[-2000:]
+    rc, out, err = blk.finish()
+    assert rc == 0 and out.split() == ["q", "x"], out + err[-2000:]
     value = os.urandom(3 << 20).hex()      # 6 MiB through the stream both ways
     r = subprocess.run(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "-x", "set", "k"]),
                        input=value, env=env, capture_output=True, text=True, timeout=60)
@@ -446,22 +500,97 @@ def test_redis_across_hosts(hosts, tmp_path):
     srv.p.terminate()
     rc, out, err = srv.finish()
     assert "SDP over ofi:tcp" in err, err[-2000:]
+    # every client connection (cli, blpop, push, get, 8 benchmark clients)
+    _assert_net(_exit_totals(sdir, "redis-server"), "redis-server", 12,
+                tx=len(value), rx=len(value))
 
 
 def test_stress_across_hosts(hosts, tmp_path):
     p = port()
-    env = _env(SDP_LOG=1)
+    cdir = tmp_path / "cli"
+    cdir.mkdir()
     srv = Bg(hosts.cmd(hosts.a, [sys.executable, STRESS, "server", p, "blocking"]),
              _env(SDP_LOG=2, STRESS_BIND=SRV4))
     _wait_listen(hosts.a, p)
     go = tmp_path / "go"
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, STRESS, "client", p, "blocking",
+                                 8, 1 << 10, 8 << 20, 7, go]),
+             _env(SDP_LOG=2, STRESS_HOST=SRV4, SDP_STATS_DIR=cdir))
+    cli.wait_line("connected 8", timeout=60)
+    # all 8 connections, both ends, over the fabric before a byte moves
+    seen = _wait_fabric(hosts.a, p, 16)
+    assert {c["role"] for c in seen} == {"client", "server"}, json.dumps(seen)[:2000]
     go.touch()
-    res = subprocess.run(hosts.cmd(hosts.b, [sys.executable, STRESS, "client", p, "blocking",
-                                             8, 1 << 10, 8 << 20, 7, go]),
-                         env=_env(SDP_LOG=2, STRESS_HOST=SRV4), capture_output=True,
-                         text=True, timeout=180)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    assert "SDP over ofi:tcp" in res.stderr, res.stderr[-2000:]
+    rc, out, err = cli.finish(timeout=180)
+    assert rc == 0, out[-3000:] + err[-3000:]
+    assert "SDP over ofi:tcp" in err, err[-2000:]
+    rep = json.loads([ln for ln in out.splitlines() if ln.startswith("{")][-1])
+    tot = _exit_totals(cdir, "python3")
+    _assert_net(tot, "stress client", 8)
+    # every byte of the client went over the fabric
+    assert tot["net_tx_bytes"] == tot["tx_bytes"] > 0, f"{tot} {rep}"
+    assert tot["net_rx_bytes"] == tot["rx_bytes"] > 0, f"{tot} {rep}"
     srv.p.terminate()
     srv.finish()
-    del env
+
+
+NGINX_SIZES = {"1k": 1 << 10, "1m": 1 << 20, "16m": 16 << 20}
+
+
+@pytest.mark.parametrize("sendfile", ["off", "on"])
+def test_nginx_across_hosts(hosts, tmp_path, sendfile):
+    """nginx (master + 2 workers) in one namespace, curl in the other, both
+    under `sdp run`: files of random bytes downloaded whole (SHA-256), with
+    sendfile off and on; curl's counters and nginx's log say ofi."""
+    if not shutil.which("nginx") or not shutil.which("curl"):
+        pytest.skip("nginx or curl not installed")
+    import hashlib
+    root = tmp_path / "www"
+    root.mkdir()
+    digests = {}
+    for name, size in NGINX_SIZES.items():
+        data = os.urandom(size)
+        (root / f"{name}.bin").write_bytes(data)
+        digests[name] = hashlib.sha256(data).hexdigest()
+    p = port()
+    pre = tmp_path / "nginx"
+    (pre / "tmp").mkdir(parents=True)
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    (pre / "nginx.conf").write_text(f"""{user}worker_processes 2;
+daemon off;
+master_process on;
+pid {pre}/nginx.pid;
+error_log stderr info;
+events {{ worker_connections 256; }}
+http {{
+    access_log off;
+    client_body_temp_path {pre}/tmp/body;
+    proxy_temp_path {pre}/tmp/proxy;
+    fastcgi_temp_path {pre}/tmp/fastcgi;
+    uwsgi_temp_path {pre}/tmp/uwsgi;
+    scgi_temp_path {pre}/tmp/scgi;
+    default_type application/octet-stream;
+    sendfile {sendfile};
+    server {{ listen {SRV4}:{p}; root {root}; location / {{ }} }}
+}}
+""")
+    srv = Bg(hosts.cmd(hosts.a, ["nginx", "-p", pre, "-c", pre / "nginx.conf",
+                                 "-e", "stderr"]), _env(SDP_LOG=2))
+    _wait_listen(hosts.a, p)
+    for name, size in NGINX_SIZES.items():
+        cdir = tmp_path / f"curl-{name}"
+        cdir.mkdir()
+        out = tmp_path / f"{name}.out"
+        r = subprocess.run(hosts.cmd(hosts.b, ["curl", "-sS", "--fail", "--max-time", "45",
+                                               "-o", out, "-w", "%{http_code} %{size_download}",
+                                               f"http://{SRV4}:{p}/{name}.bin"]),
+                           env=_env(SDP_LOG=2, SDP_STATS_DIR=cdir), capture_output=True,
+                           text=True, timeout=60)
+        assert r.stdout.split() == ["200", str(size)], r.stdout + r.stderr[-2000:]
+        assert hashlib.sha256(out.read_bytes()).hexdigest() == digests[name], \
+            f"{name}.bin: downloaded bytes differ (sendfile {sendfile})"
+        assert "SDP over ofi:tcp" in r.stderr, r.stderr[-2000:]
+        _assert_net(_exit_totals(cdir, "curl"), "curl", 1, tx=40, rx=size)
+    srv.p.terminate()
+    rc, sout, serr = srv.finish()
+    assert serr.count("SDP over ofi:tcp") >= len(NGINX_SIZES), serr[-3000:]
