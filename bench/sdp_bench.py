@@ -48,6 +48,8 @@ def all_experiments():
         pass
     from sdpbench import pfs
     exps += pfs.experiments()
+    from sdpbench import ofi
+    exps += ofi.experiments()
     return exps
 
 
