@@ -58,6 +58,11 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 	return 0;
 }
 
+void sdp_linger_set(struct sdp_conn *c, bool zero)
+{
+	atomic_store(&c->linger0, zero);
+}
+
 void sdp_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;

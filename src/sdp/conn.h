@@ -281,6 +281,8 @@ ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int n
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
+/* SO_LINGER on with 0 s (zero), or not: the last close resets. */
+void sdp_linger_set(struct sdp_conn *c, bool zero);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
 void sdp_release(struct sdp_conn *c, int fd);
 /* Last fd of this process closes for a connection kept on TCP or fallen
