@@ -61,6 +61,9 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 void sdp_linger_set(struct sdp_conn *c, bool zero)
 {
 	atomic_store(&c->linger0, zero);
+	/* For a peer that sees our socket reset when our process ends
+	 * without closing it (wait.c). */
+	c->ep.ops->set_linger0(&c->ep, zero);
 }
 
 void sdp_release(struct sdp_conn *c, int fd)

@@ -79,15 +79,56 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	return false;
 }
 
+/* Had the peer taken in everything we sent, as TCP counts it: every
+ * message we posted, or all but our DisConn (a FIN is not data: a TCP
+ * socket closed with only a FIN unread closes with a FIN)? */
+static bool peer_read_all(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	if (sdp_marked(c, FAB_M_CAUGHT_UP))
+		return true;
+	uint64_t seq = ep->ops->tx_seq(ep);
+	if (!atomic_load(&c->tx_shut) || seq == 0 ||
+	    ep->ops->credits(ep) + 1 != ep->nslots)
+		return false;                 /* more than one message unread */
+	struct sdp_bsdh h;                    /* the last one we posted */
+	memcpy(&h, ep->ops->tx_msg(ep, seq - 1), sizeof h);
+	return h.mid == SDP_MID_DISCONN;
+}
+
+/*
+ * The peer's socket reset: was it only our wake-up tokens? A process that
+ * ends without closing (exit, a signal) leaves its socket to the kernel,
+ * which resets a connection whose receive queue holds unread bytes - here
+ * tokens of ours, which TCP's queue would never have held. TCP would have
+ * closed with a FIN. So the reset is the peer's orderly end when tokens of
+ * ours were unread, the peer had read everything we sent, had not reset
+ * the connection itself (abort mark, or SO_LINGER 0, which resets on TCP
+ * too), and neither side had started a fallback (the socket then carries
+ * stream bytes). Otherwise it stays a reset.
+ */
+static bool reset_by_tokens(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return !sdp_marked(c, FAB_M_ABORT | FAB_M_FB | FAB_MY(FAB_M_FB)) &&
+	       !ep->ops->peer_linger0(ep) && ep->ops->tokens_unread(ep) > 0 &&
+	       peer_read_all(c);
+}
+
 /* The peer's TCP socket closed (r = 1: FIN) or reset (r < 0). If the peer
  * closed through SDP (DisConn) this is the orderly end. If not, its process
  * died: as the kernel does, a peer that left our data unread resets. */
 static void note_wakeup_result(struct sdp_conn *c, int r)
 {
+	if (r == -ECONNRESET && reset_by_tokens(c)) {
+		sdp_log(2, "peer's TCP socket reset over our unread wake-ups only: "
+			"its end, as TCP's FIN");
+		r = 1;
+	}
 	if (r == 1) {
 		uint32_t z = 0;
 		/* No FIN, our data unread, no fallback: the peer died. */
-		bool reset = !sdp_marked(c, FAB_M_FIN | FAB_M_CAUGHT_UP | FAB_M_FB);
+		bool reset = !sdp_marked(c, FAB_M_FIN | FAB_M_FB) && !peer_read_all(c);
 		if (atomic_compare_exchange_strong(&c->peer_gone, &z, reset ? 2 : 1))
 			sdp_log(1, "peer's TCP socket closed%s", reset ?
 				" before its data was read: reset" : "");
