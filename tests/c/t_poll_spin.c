@@ -13,7 +13,7 @@
  * to the burner in a sched_yield (an involuntary context switch) each
  * time. The same when what is ready at once is another descriptor of the
  * set (a pipe): poll() asks the kernel about those at its first look
- * too, before it spins. The same loop with epoll_wait.
+ * too, before it spins. The same loops with epoll_wait.
  *
  * Measured: the involuntary context switches of the polling thread over
  * the loop (getrusage RUSAGE_THREAD). Spinning with the full budget in
@@ -105,6 +105,7 @@ static void loop(bool use_epoll, bool mixed)
 static void c_poll(void) { loop(false, false); }
 static void c_poll_pipe(void) { loop(false, true); }
 static void c_epoll(void) { loop(true, false); }
+static void c_epoll_pipe(void) { loop(true, true); }
 
 int main(void)
 {
@@ -112,6 +113,7 @@ int main(void)
 		{ "poll", c_poll },
 		{ "poll_pipe", c_poll_pipe },
 		{ "epoll", c_epoll },
+		{ "epoll_pipe", c_epoll_pipe },
 	};
 	return tl_run_cases(cases, sizeof cases / sizeof cases[0]);
 }
