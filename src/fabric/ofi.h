@@ -191,7 +191,8 @@ _Static_assert(sizeof(struct ofi_cm_data) == 40, "ofi connection data is 40 byte
  *  196   4 arm_seq       bumped with each arm
  *  200   4 rcvbuf        SO_RCVBUF, 0 = not set
  *  204   4 tx_limited    our sends are byte-limited
- *  208  40 reserved      zero
+ *  208   4 linger0       1: our socket closes with a reset (SO_LINGER 0 s)
+ *  212  36 reserved      zero
  *  248   8 vers_tail     = vers_head (last word)
  */
 struct ofi_ctl {
@@ -209,7 +210,8 @@ struct ofi_ctl {
 	_Atomic uint32_t arm_seq;
 	_Atomic uint32_t rcvbuf;
 	_Atomic uint32_t tx_limited;
-	uint8_t reserved[40];
+	_Atomic uint32_t linger0;
+	uint8_t reserved[36];
 	_Atomic uint64_t vers_tail;
 };
 _Static_assert(sizeof(struct ofi_ctl) == 256, "ofi control block is 256 bytes");

@@ -692,6 +692,21 @@ static bool ofi_peer_tx_limited(struct fab_ep *ep)
 	return oc && atomic_load_explicit(&oc->peer->tx_limited, memory_order_relaxed) != 0;
 }
 
+static void ofi_set_linger0(struct fab_ep *ep, bool on)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	if (!oc || atomic_load_explicit(&oc->me->linger0, memory_order_relaxed) == on)
+		return;
+	atomic_store(&oc->me->linger0, on);
+	ofi_publish(oc);
+}
+
+static bool ofi_peer_linger0(struct fab_ep *ep)
+{
+	struct ofi_conn *oc = ofi_of(ep);
+	return oc && atomic_load_explicit(&oc->peer->linger0, memory_order_acquire) != 0;
+}
+
 /* ---- marks ------------------------------------------------------------------- */
 
 static void ofi_mark(struct fab_ep *ep, unsigned m)
@@ -936,6 +951,13 @@ static uint64_t ofi_tokens_due(struct fab_ep *ep)
 	return 0;                             /* nothing travels on the TCP socket */
 }
 
+/* None of our wake-ups travel on the TCP socket: none left unread there. */
+static uint64_t ofi_tokens_unread(struct fab_ep *ep)
+{
+	(void)ep;
+	return 0;
+}
+
 /* No byte on the TCP socket is ever a token of ours. */
 static int ofi_tokens_took(struct fab_ep *ep, const void *buf, size_t n)
 {
@@ -1114,6 +1136,8 @@ const struct fab_ops fab_ofi_ops = {
 	.peer_rcvbuf     = ofi_peer_rcvbuf,
 	.set_tx_limited  = ofi_set_tx_limited,
 	.peer_tx_limited = ofi_peer_tx_limited,
+	.set_linger0     = ofi_set_linger0,
+	.peer_linger0    = ofi_peer_linger0,
 	/* marks */
 	.mark        = ofi_mark,
 	.marks       = ofi_marks,
@@ -1137,6 +1161,7 @@ const struct fab_ops fab_ofi_ops = {
 	.kick_owed   = ofi_kick_owed,
 	.tokens_due  = ofi_tokens_due,
 	.tokens_took = ofi_tokens_took,
+	.tokens_unread = ofi_tokens_unread,
 	.wait_fd     = ofi_wait_fd,
 	/* memory keys */
 	.mr_key      = ofi_mr_key,
