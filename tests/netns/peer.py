@@ -9,7 +9,9 @@ usage:
                                     print how it ended), keepalive (as recv,
                                     with TCP keepalive and a user timeout),
                                     flood (send without end with a user timeout
-                                    and no keepalive, print how it ended)
+                                    and no keepalive, print how it ended),
+                                    sendrecv (send 64 KiB, then as recv)
+                                    (server MODE hold: accept, read nothing)
 A server prints "listening" once it listens, a client "connected" once it
 connected, so the test can act at those points (ready files: argv's
 $PEER_READY if set).
@@ -37,6 +39,10 @@ def server(addr, port, mode):
     s.listen(16)
     ready("listening")
     c, _ = s.accept()
+    if mode == "hold":                  # accept, read nothing, wait to be killed
+        ready("accepted")
+        time.sleep(120)
+        return
     if mode == "wait":
         ready("accepted")
         try:
@@ -83,7 +89,9 @@ def client(addr, port, mode, arg):
             print("send error %s (%s) after %d bytes" % (e.__class__.__name__,
                   errno.errorcode.get(e.errno, e.errno), sent), flush=True)
         return 0
-    if mode in ("recv", "keepalive"):
+    if mode == "sendrecv":              # 64 KiB the server never reads, then recv
+        c.sendall(os.urandom(64 << 10))
+    if mode in ("recv", "keepalive", "sendrecv"):
         ready("connected")
         try:
             d = c.recv(1)

@@ -325,7 +325,9 @@ def test_kill_server(hosts, mode):
     time.sleep(0.2)          # let the client block in recv (not a sync: either way ends)
     srv.p.kill()
     rc, out, err = cli.finish(timeout=20)
-    assert "recv returned 0 bytes" in out or "ConnectionResetError" in out, out + err[-2000:]
+    # nothing unread on either side: the killed end's kernel sends FIN,
+    # the survivor reads EOF, as over TCP
+    assert "recv returned 0 bytes" in out, out + err[-2000:]
 
 
 @pytest.mark.parametrize("mode", ["sdp", "tcp"])
@@ -342,7 +344,34 @@ def test_kill_client(hosts, mode):
     time.sleep(0.2)
     cli.p.kill()
     rc, out, err = srv.finish(timeout=20)
-    assert "recv returned 0 bytes" in out or "ConnectionResetError" in out, out + err[-2000:]
+    assert "recv returned 0 bytes" in out, out + err[-2000:]
+
+
+@pytest.mark.parametrize("mode", [
+    pytest.param("sdp", marks=pytest.mark.xfail(strict=False, reason=(
+        "known: killed before the client's library completed the fabric "
+        "connection, the server's kernel closes the idle TCP socket with FIN; "
+        "the client hands its ring back to TCP after that FIN and reads EOF, "
+        "not TCP's ECONNRESET (ARCHITECTURE.md, known limitations); when the "
+        "client completed it first, it passes"))),
+    "tcp"])
+def test_kill_server_with_unread_data(hosts, mode):
+    """kill -9 of a server that left 64 KiB of the client's unread: TCP's
+    kernel answers with a reset, the client's blocked recv gets
+    ECONNRESET - over ofi too (the data was on the fabric, not on the
+    application's socket, whose kernel sends FIN: the library judges)."""
+    p = port()
+    env = _env(SDP_LOG=2)
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "hold"],
+                       sdp=mode == "sdp"), env)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "sendrecv"],
+                       sdp=mode == "sdp"), env)
+    cli.wait_line("connected")
+    srv.wait_line("accepted")
+    srv.p.kill()
+    rc, out, err = cli.finish(timeout=20)
+    assert "recv error ConnectionResetError" in out, out + err[-2000:]
 
 
 @pytest.mark.parametrize("mode", ["sdp", "tcp"])
