@@ -36,13 +36,16 @@ static void *late_send(void *arg)
 	return NULL;
 }
 
+static size_t drained;                 /* bytes the drainer read */
+
 static void *drainer(void *arg)
 {
 	int s = *(int *)arg;
 	static char buf[65536];
 	tl_idle_ms(50);
-	while (recv(s, buf, sizeof buf, MSG_DONTWAIT) > 0)
-		;
+	ssize_t n;
+	while ((n = recv(s, buf, sizeof buf, MSG_DONTWAIT)) > 0)
+		drained += (size_t)n;
 	return NULL;
 }
 
@@ -140,8 +143,10 @@ int main(void)
 	CHECK_EQ(out[0].data.fd, c);
 	static char big[65536];
 	memset(big, 'z', sizeof big);
-	while (send(c, big, sizeof big, MSG_DONTWAIT) > 0)
-		;
+	size_t filled = 0;
+	ssize_t k;
+	while ((k = send(c, big, sizeof big, MSG_DONTWAIT)) > 0)
+		filled += (size_t)k;
 	CHECK_EQ(errno, EAGAIN);
 	CHECK_EQ(wait1(epo, out, 0), 0);
 	CHECK_EQ(pthread_create(&th, NULL, drainer, &s), 0);
@@ -149,8 +154,14 @@ int main(void)
 	CHECK_EQ(out[0].events, EPOLLOUT);
 	CHECK_EQ(out[0].data.fd, c);
 	CHECK_EQ(pthread_join(th, NULL), 0);
-	while (recv(s, big, sizeof big, MSG_DONTWAIT) > 0)
-		;
+	/* The rest of what was sent (across a link some is still on its way:
+	 * read it whole, blocking). */
+	while (drained < filled) {
+		ssize_t n = recv(s, big, sizeof big, 0);
+		CHECK(n > 0, "recv -> %zd with %zu of %zu bytes read", n, drained, filled);
+		drained += (size_t)n;
+	}
+	CHECK_EQ(drained, filled);
 	SYS(epoll_ctl(epo, EPOLL_CTL_DEL, c, NULL));
 	SYS(close(epo));
 
