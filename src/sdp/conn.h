@@ -322,6 +322,11 @@ struct sdp_listener;
  * SO_REUSEPORT listener that may not offer it still joins its group, to
  * withdraw it for every member. */
 int  sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listener **out);
+/* Before listen() opens the port of fd (bound to an address other hosts
+ * reach): load what its network rendezvous needs (the fabric library,
+ * which takes a while), so that once the port is open its rendezvous
+ * follows within microseconds, not after clients were sent to TCP. */
+void sdp_net_prepare(int fd);
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);

@@ -76,6 +76,18 @@ static int high_fd(int fd)
 
 /* ---- server ---------------------------------------------------------------- */
 
+void sdp_net_prepare(int fd)
+{
+	union sdp_addr a;
+	socklen_t len = sizeof a;
+	if (sys_getsockname(fd, &a, &len) < 0 || loopback(&a.sa) ||
+	    (a.sa.sa_family == AF_INET ? a.in.sin_port : a.in6.sin6_port) == 0)
+		return;                       /* only this host, or no port yet */
+	const struct fab_ops *ops = fab_remote();
+	if (ops)
+		ops->reaches(NULL, 0);        /* loads the provider's library */
+}
+
 int sdp_net_listen(int fd, enum fab_pref pref)
 {
 	union sdp_addr a;

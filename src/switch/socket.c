@@ -167,6 +167,8 @@ EXPORT int listen(int fd, int backlog)
 	if (early) {
 		offer = offers_sdp(fd, &fab, why, sizeof why);
 		e = sdp_listener_open(fd, offer, fab, &l);
+	} else {
+		sdp_net_prepare(fd);
 	}
 	int r = real_listen(fd, backlog);
 	if (r < 0) {
