@@ -318,7 +318,7 @@ static int after_accept(int lfd, int nfd, int flags)
  * they are made sure of before the kernel's accept: lacking them, accept()
  * fails with EMFILE and the connection stays queued, as with TCP when no
  * descriptor is left (here: when fewer than ACCEPT_SPARE + 1 are). */
-#define ACCEPT_SPARE 3
+#define ACCEPT_SPARE 3   /* rendezvous connection, the region's memfd, a put-back */
 static _Atomic int accept_last = -1;           /* fd the last accept returned */
 static __thread int spare[ACCEPT_SPARE];
 static __thread int nspare;
