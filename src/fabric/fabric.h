@@ -349,8 +349,9 @@ struct fab_ops {
 	 * follows, so a check after it sees any progress made before the
 	 * peer's next kick); disarm undoes it. kick: after progress of kind
 	 * `what` (RX: we posted; CREDIT: we released; ZC: our zero-copy words
-	 * moved), wake the peer if it armed for it: 1 if a wake-up was sent, 0
-	 * if none was needed, -errno. drain: consume pending wake-ups on wfd;
+	 * moved), wake the peer if it armed for it: 1 if a wake-up token was
+	 * sent, 2 if only the peer's queue got the news (FAB_WAIT_Q), 0 if none
+	 * was needed, -errno. drain: consume pending wake-ups on wfd;
 	 * 0, 1 = the peer's socket is closed (orderly EOF seen) or -errno
 	 * (-ECONNRESET, -EPIPE: the peer is gone). */
 	void     (*arm)(struct fab_ep *ep, unsigned what);
@@ -388,7 +389,9 @@ struct fab_ops {
 
 	/* Can this process receive the endpoint's wake-ups through a queue
 	 * (FAB_WAIT_Q arms)? If so, publish key as what the queue reports
-	 * for it and return the queue's id (>= 0, small, per process); else
+	 * for it and return the queue's id (>= 0, per process; the low byte
+	 * is a small index, and an id names one queue only: the id of a
+	 * queue since gone never reaches its successor); else
 	 * -1: wake-ups come as tokens only. The same key and queue for every
 	 * call on one endpoint in one process. Any thread, under no lock. */
 	int      (*q_bind)(struct fab_ep *ep, uint32_t key);

@@ -554,8 +554,9 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 	int r = 0;
 	if ((took & FAB_WAIT_Q(what)) && shm_link_kick(ep, took >> FAB_WAIT_ROUTE2_SHIFT) < 0)
 		took |= what;                 /* no link: a token instead */
-	if (took & what)
-		r = send_token(ep, wfd);
+	if (!(took & what))
+		return 2;                     /* news on the queue only */
+	r = send_token(ep, wfd);
 	return r < 0 ? r : 1;
 }
 

@@ -67,6 +67,8 @@ struct shm_link {                  /* process-private, copied by fork */
 					* ours was taken from us */
 	uint32_t users;                /* endpoints of this process naming it
 					* (SE(ep)->link): reused only at 0 */
+	uint32_t gen;                  /* bumped each time the entry is filled:
+					* a queue id names one filling (q_id) */
 };
 
 static struct shm_link links[SHM_LINKS];
@@ -204,9 +206,11 @@ static struct shm_link *link_new(int32_t peer)
 	if (getrandom(&pg->id, sizeof pg->id, GRND_NONBLOCK) != sizeof pg->id)
 		pg->id = (uint64_t)self() << 32 ^ (uint64_t)(uintptr_t)pg;
 	atomic_store(&pg->owner[0], self());
+	uint32_t gen = k->gen + 1;
 	*k = (struct shm_link){ .pg = pg, .side = 0, .owner = self(), .peer = peer,
 				.sock = high(sv[0]), .memfd = high(mfd),
 				.peer_end = high(sv[1]) };
+	k->gen = gen;
 	k->sock_ino = ino_of(k->sock, NULL);
 	k->ino = ino_of(k->memfd, &k->dev);
 	k->peer_ino = ino_of(k->peer_end, NULL);
@@ -341,8 +345,10 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id)
 		unlock();
 		return;
 	}
+	uint32_t gen = k->gen + 1;
 	*k = (struct shm_link){ .pg = pg, .side = 1, .owner = self(), .sock = sock,
 				.memfd = -1, .peer_end = -1, .dev = dev, .ino = ino };
+	k->gen = gen;
 	k->sock_ino = ino_of(sock, NULL);
 	atomic_store(&k->dead, false);
 	SE(ep)->link = (int32_t)(k - links);
@@ -371,6 +377,20 @@ static struct shm_link *link_of(int32_t i)
 		return NULL;
 	struct shm_link *k = &links[i];
 	return k->pg && !atomic_load_explicit(&k->dead, memory_order_relaxed) ? k : NULL;
+}
+
+/* A queue id names one link entry's one filling: a waiter that kept the id
+ * of a link since gone never reads its successor in the same entry. */
+#define Q_GEN_MASK 0x3fffffu
+_Static_assert(SHM_LINKS <= 256, "a queue id keeps the entry in its low byte");
+static int q_id(int32_t i) { return (int)((links[i].gen & Q_GEN_MASK) << 8 | (uint32_t)i); }
+
+static struct shm_link *queue_of(int q)
+{
+	if (q < 0)
+		return NULL;
+	struct shm_link *k = link_of(q & 0xff);
+	return k && (k->gen & Q_GEN_MASK) == (uint32_t)q >> 8 ? k : NULL;
 }
 
 /* The kick of a queue arm the peer set (the bits q, already taken from its
@@ -419,18 +439,18 @@ int shm_q_bind(struct fab_ep *ep, uint32_t key)
 		return -1;
 	atomic_store(&me(ep)->link_key, key);
 	atomic_store(&SE(ep)->q_bound, self());
-	return SE(ep)->link;
+	return q_id(SE(ep)->link);
 }
 
 int shm_q_fd(int q)
 {
-	struct shm_link *k = link_of(q);
+	struct shm_link *k = queue_of(q);
 	return k && k->owner == self() ? k->sock : -1;
 }
 
 bool shm_q_pending(int q)
 {
-	struct shm_link *k = link_of(q);
+	struct shm_link *k = queue_of(q);
 	if (!k)
 		return false;
 	struct shm_link_dir *d = &k->pg->dir[k->side];
@@ -442,7 +462,7 @@ bool shm_q_pending(int q)
 
 void shm_q_sleep(int q, int delta)
 {
-	struct shm_link *k = link_of(q);
+	struct shm_link *k = queue_of(q);
 	if (!k)
 		return;
 	atomic_fetch_add(&k->pg->dir[k->side].sleepers, (uint32_t)delta);
@@ -453,7 +473,7 @@ void shm_q_sleep(int q, int delta)
  * bitmap, word by word; keys beyond max go back. */
 int shm_q_pop(int q, uint32_t *keys, int max)
 {
-	struct shm_link *k = link_of(q);
+	struct shm_link *k = queue_of(q);
 	if (!k || k->owner != self())
 		return -EPIPE;
 	struct shm_link_dir *d = &k->pg->dir[k->side];

@@ -184,6 +184,11 @@ uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
 void    sdp_arm(struct sdp_conn *c, int fd, unsigned events);
+/* The same on the queue route: the readiness queue (>= 0) this process
+ * reads the connection's wake-ups from (sdp_q_bind, -1: none, tokens
+ * only); its key there is c->idx. */
+int     sdp_q_bind(struct sdp_conn *c);
+void    sdp_arm_q(struct sdp_conn *c, int fd, unsigned events);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);

@@ -43,7 +43,21 @@
 struct sdp_conn *sdp_fd_conn(int fd);
 
 #define TAG      0x5344500000000000ull      /* "SDP" in the top bytes */
+#define TAGQ     0x5344510000000000ull      /* "SDQ": a readiness queue */
 #define TAG_MASK 0xffffff0000000000ull
+#define EP_QMAX  8                          /* queues one set reads */
+#define Q_IDX(q) ((unsigned)(q) & 0xffu)    /* fabric.h q_bind: low byte */
+
+/* A readiness queue of the provider's (fabric.h q_bind) that this set reads
+ * the wake-ups of some members from: one descriptor in the kernel set
+ * (edge-triggered, tagged) for all of them. */
+struct ep_queue {
+	const struct fab_ops *ops;    /* NULL: free entry */
+	int q;                        /* the provider's id */
+	int fd;                       /* its descriptor, in the kernel set */
+	int members;                  /* entries of the set on it */
+	bool dead;                    /* gone: its members use tokens */
+};
 
 struct ep_ent {
 	int fd;
@@ -62,6 +76,8 @@ struct ep_ent {
 	uint64_t rep;                 /* fab_clock of the scan that last reported it,
 				       * or of epoll_ctl ADD/MOD (TCP: (re-)queued at
 				       * the ready list's tail then) */
+	uint8_t q1;                   /* 1 + index of its queue in the set's qs;
+				       * 0: its wake-ups are tokens */
 };
 
 /* A ready member found by a scan: when it became ready, its events, and
@@ -82,6 +98,9 @@ struct ep_shadow {
 	int npending;                 /* of the n, pending entries (no member) */
 	struct ep_cand *cand;         /* scan(): ready members, cap entries */
 	_Atomic uint32_t spin_cur, spin_waits;   /* adaptive spin (wait.c) */
+	struct ep_queue qs[EP_QMAX];  /* readiness queues it reads */
+	pid_t qpid;                   /* the process they belong to (a forked
+				       * child's copy of the set uses tokens) */
 	struct ep_shadow *next;
 };
 
@@ -99,6 +118,159 @@ static void count_pending(struct ep_shadow *s, struct ep_ent *e, bool pending)
 	e->pending = pending;
 	s->npending += pending ? 1 : -1;
 	atomic_fetch_add(&pending_total, pending ? 1 : -1);
+}
+
+/*
+ * A queue is read by one set of the process (its claim): a waiter that
+ * took another set's news from it would leave that set asleep. Members
+ * whose queue another set reads, or that have none, use tokens.
+ */
+static struct ep_shadow *_Atomic q_claim[256];
+
+/* The queue for a new member c of s, as 1 + its index in s->qs, or 0
+ * (tokens). Called locked. */
+static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
+{
+	if (sdp_in_vfork_child() || (s->qpid && s->qpid != sdp_pid))
+		return 0;
+	int q = sdp_q_bind(c);
+	if (q < 0)
+		return 0;
+	const struct fab_ops *o = c->ep.ops;
+	int free_i = -1;
+	for (int i = 0; i < EP_QMAX; i++) {
+		struct ep_queue *x = &s->qs[i];
+		if (!x->ops) {
+			if (free_i < 0)
+				free_i = i;
+		} else if (x->ops == o && x->q == q) {
+			if (x->dead)
+				return 0;
+			x->members++;
+			return (uint8_t)(i + 1);
+		}
+	}
+	if (free_i < 0)
+		return 0;
+	struct ep_shadow *none = NULL;
+	if (!atomic_compare_exchange_strong(&q_claim[Q_IDX(q)], &none, s))
+		return 0;
+	int fd = o->q_fd(q);
+	struct epoll_event kev = { .events = EPOLLIN | EPOLLET,
+				   .data.u64 = TAGQ | (uint32_t)free_i };
+	if (fd < 0 || real_epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
+		atomic_store(&q_claim[Q_IDX(q)], NULL);
+		return 0;
+	}
+	s->qs[free_i] = (struct ep_queue){ .ops = o, .q = q, .fd = fd, .members = 1 };
+	s->qpid = sdp_pid;
+	return (uint8_t)(free_i + 1);
+}
+
+/* Give queue i of s up: out of the kernel set (if its descriptor is still
+ * the queue's: the application may have closed and reused the number),
+ * and its claim. Called locked. */
+static void queue_drop(struct ep_shadow *s, int i)
+{
+	struct ep_queue *x = &s->qs[i];
+	if (!x->ops)
+		return;
+	if (s->qpid == sdp_pid && x->ops->q_fd(x->q) == x->fd)
+		real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, x->fd, NULL);
+	struct ep_shadow *me = s;
+	atomic_compare_exchange_strong(&q_claim[Q_IDX(x->q)], &me, NULL);
+	*x = (struct ep_queue){ 0 };
+}
+
+/* Entry e leaves its queue (removed, modified, or not SDP any more). */
+static void ent_unqueue(struct ep_shadow *s, struct ep_ent *e)
+{
+	if (!e->q1)
+		return;
+	int i = e->q1 - 1;
+	e->q1 = 0;
+	if (--s->qs[i].members <= 0)
+		queue_drop(s, i);
+}
+
+/* The queue is gone (its peer process closed its end): its members go
+ * back to tokens at their next arm; a peer's kick that finds no link
+ * sends a token, so nothing is missed meanwhile. */
+static void queue_dead(struct ep_shadow *s, int i)
+{
+	struct ep_queue *x = &s->qs[i];
+	if (!x->ops || x->dead)
+		return;
+	x->dead = true;
+	struct ep_shadow *me = s;
+	atomic_compare_exchange_strong(&q_claim[Q_IDX(x->q)], &me, NULL);
+}
+
+/* Is this process the one that reads the set's queues? */
+static bool queues_ours(struct ep_shadow *s)
+{
+	return s->qpid && s->qpid == sdp_pid;
+}
+
+/* Take everything queue i has (the keys are not needed: the scan looks at
+ * every member). Returns how many keys it had, or marks it dead. */
+static int queue_take(struct ep_shadow *s, int i)
+{
+	struct ep_queue *x = &s->qs[i];
+	uint32_t keys[256];
+	int total = 0;
+	for (;;) {
+		int n = x->ops->q_pop(x->q, keys, 256);
+		if (n < 0) {
+			queue_dead(s, i);
+			return total;
+		}
+		total += n;
+		if (n < 256)
+			return total;
+	}
+}
+
+/* The queues a sleeper counted itself on, to count itself off the same
+ * ones (the set may drop or gain queues meanwhile). */
+struct q_sleep {
+	const struct fab_ops *ops[EP_QMAX];
+	int q[EP_QMAX];
+	int n;
+};
+
+/*
+ * About to sleep: the queues' peers ring their descriptors only while a
+ * waiter sleeps, so count ourselves in, then take what came since the
+ * last look (a kick after our arm but before the count went up rang no
+ * bell): true if something did - then do not sleep, look again.
+ */
+static bool queues_sleep(struct ep_shadow *s, struct q_sleep *z)
+{
+	z->n = 0;
+	if (!queues_ours(s))
+		return false;
+	bool news = false;
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < EP_QMAX; i++) {
+		struct ep_queue *x = &s->qs[i];
+		if (!x->ops || x->dead)
+			continue;
+		x->ops->q_sleep(x->q, +1);
+		z->ops[z->n] = x->ops;
+		z->q[z->n++] = x->q;
+		if (queue_take(s, i) > 0)
+			news = true;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return news;
+}
+
+static void queues_wake(struct q_sleep *z)
+{
+	for (int i = 0; i < z->n; i++)
+		z->ops[i]->q_sleep(z->q[i], -1);
+	z->n = 0;
 }
 
 static struct ep_shadow *shadow_of(int epfd, bool create)
@@ -138,6 +310,8 @@ void epoll_shadow_free(struct ep_shadow *s)
 		}
 	pthread_mutex_unlock(&all_lock);
 	atomic_fetch_sub(&pending_total, s->npending);
+	for (int i = 0; i < EP_QMAX; i++)
+		queue_drop(s, i);
 	free(s->cand);
 	free(s->v);
 	free(s);
@@ -154,6 +328,7 @@ static int find(struct ep_shadow *s, int fd)
 static void remove_at(struct ep_shadow *s, int i)
 {
 	count_pending(s, &s->v[i], false);
+	ent_unqueue(s, &s->v[i]);
 	s->v[i] = s->v[--s->n];
 }
 
@@ -218,6 +393,7 @@ static struct ep_ent *ent_for(struct ep_shadow *s, int i)
 		s->cap = nc;
 	}
 	s->v[s->n].pending = false;
+	s->v[s->n].q1 = 0;
 	return &s->v[s->n++];
 }
 
@@ -235,6 +411,8 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 		struct ep_ent *e = ent_for(s, i);
 		if (e) {
 			bool was = e->pending;
+			if (i >= 0)
+				ent_unqueue(s, e);
 			*e = (struct ep_ent){ .fd = fd, .events = ev->events,
 					      .data = ev->data, .pending = was };
 			count_pending(s, e, true);
@@ -244,6 +422,17 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
+}
+
+/* Ask member e's peer for a kick: through the set's queue if it has one
+ * (no system call on either side while we are awake), else a token on its
+ * socket. Called locked. */
+static void arm(struct ep_shadow *s, struct ep_ent *e)
+{
+	if (e->q1 && queues_ours(s) && !s->qs[e->q1 - 1].dead)
+		sdp_arm_q(e->c, e->fd, e->events);
+	else
+		sdp_arm(e->c, e->fd, e->events);
 }
 
 void epoll_adopt(int fd, struct sdp_conn *c)
@@ -268,7 +457,8 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->last_arrived = arrived(c) - 1;
 				e->last_acked = acked(c) - 1;
 				e->rep = fab_clock();
-				sdp_arm(c, fd, e->events);
+				e->q1 = queue_for(s, c);
+				arm(s, e);
 			} else {
 				remove_at(s, i);
 			}
@@ -299,6 +489,7 @@ void epoll_leave_all(void)
 				sdp_log(0, "epoll fd %d: fd %d not given back to the kernel (%s)",
 					s->epfd, e->fd, strerror(errno));
 			e->c = NULL;
+			ent_unqueue(s, e);
 		}
 		pthread_mutex_unlock(&s->lock);
 	}
@@ -350,6 +541,8 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 				return -1;
 			}
 			count_pending(s, e, false);
+			if (i >= 0)
+				ent_unqueue(s, e);
 			memset(e, 0, sizeof *e);
 			e->fd = fd;
 			e->c = c;
@@ -359,7 +552,8 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			e->last_arrived = arrived(c) - 1;   /* edge: report current state */
 			e->last_acked = acked(c) - 1;
 			e->rep = fab_clock();     /* TCP: ready now, queued now */
-			sdp_arm(c, fd, ev->events);
+			e->q1 = queue_for(s, c);
+			arm(s, e);
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -554,7 +748,7 @@ static bool arm_all(struct ep_shadow *s)
 		if (!e->c)
 			continue;
 		if (!e->disabled)
-			sdp_arm(e->c, e->fd, e->events);
+			arm(s, e);
 		e->watching = sdp_watch(e->c);
 		if (!e->watching)
 			shared = true;
@@ -581,6 +775,16 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 {
 	int k = 0;
 	for (int i = 0; i < n; i++) {
+		if ((ev[i].data.u64 & TAG_MASK) == TAGQ) {
+			/* A queue's bell: its news is taken here, and the scan
+			 * that follows looks at every member. */
+			unsigned qi = (unsigned)(uint32_t)ev[i].data.u64;
+			pthread_mutex_lock(&s->lock);
+			if (qi < EP_QMAX && s->qs[qi].ops && !s->qs[qi].dead && queues_ours(s))
+				queue_take(s, (int)qi);
+			pthread_mutex_unlock(&s->lock);
+			continue;
+		}
 		if ((ev[i].data.u64 & TAG_MASK) == TAG) {
 			int fd = (int)(uint32_t)ev[i].data.u64;
 			pthread_mutex_lock(&s->lock);
@@ -688,9 +892,17 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 			}
 			return n;
 		}
+		struct q_sleep z;
+		if (queues_sleep(s, &z)) {
+			/* News came between the arms and now: look again. */
+			queues_wake(&z);
+			unwatch_all(s);
+			continue;
+		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		int r = kernel_wait(epfd, ev, max, tp, mask);
+		queues_wake(&z);
 		if (r < 0) {
 			unwatch_all(s);
 			return r;
