@@ -425,13 +425,14 @@ int sdp_q_bind(struct sdp_conn *c)
 	return o && o->q_bind ? o->q_bind(&c->ep, c->idx) : -1;
 }
 
-void sdp_arm_q(struct sdp_conn *c, int fd, unsigned events)
+void sdp_arm_q(struct sdp_conn *c, int fd, unsigned events, bool owed)
 {
 	unsigned what = FAB_WAIT_RX;
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, FAB_WAIT_Q(what));
-	c->ep.ops->kick_owed(&c->ep, fd);     /* we may sleep now */
+	if (owed)
+		c->ep.ops->kick_owed(&c->ep, fd);
 }
 
 void sdp_arm(struct sdp_conn *c, int fd, unsigned events)

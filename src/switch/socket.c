@@ -546,6 +546,8 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
 		return dr;
 	struct sdp_conn *c = fd_conn(fd);
+	if (c)
+		epoll_local_change();     /* SO_RCVLOWAT, buffer sizes: readiness */
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
 	    fd_kind(fd) != FDK_NONE) {
 		if (!c) {                     /* not (yet) SDP: accept tunables */
@@ -708,5 +710,7 @@ EXPORT int shutdown(int fd, int how)
 	struct sdp_conn *c = fd_conn(fd);
 	if (!c || atomic_load(&c->state) == SDP_ST_CONNECTING)
 		return real_shutdown(fd, how);
-	return (int)sdp_ret(sdp_shutdown(c, fd, how));
+	int r = (int)sdp_ret(sdp_shutdown(c, fd, how));
+	epoll_local_change();
+	return r;
 }
