@@ -871,6 +871,10 @@ static int scan_members(struct ep_shadow *s, uint64_t now, int *last, uint64_t *
 		}
 		return nc;
 	}
+	/* News since the last look (no bell rings while we are awake). */
+	for (int i = 0; i < EP_QMAX; i++)
+		if (s->qs[i].ops && !s->qs[i].dead)
+			queue_take(s, i);
 	uint32_t g = ++s->gen;
 	for (int k = 0; k < s->nhot; k++)
 		look_once(s, s->hot[k], g, now, &nc);
@@ -951,8 +955,13 @@ static bool arm_all(struct ep_shadow *s)
 			/* Its queue arm stays until a kick takes it - and then
 			 * its key came, and a scan looked at it. Its socket's
 			 * tokens (rare on this route) are taken by filter. */
-			if (!e->disabled && (e->looked || owed))
+			if (!e->disabled && (e->looked || owed)) {
+				/* Looked at, its data may have come while
+				 * it was not armed: the scan after the arms
+				 * looks again. */
 				arm(s, e, owed);
+				note_check(s, i);
+			}
 			e->looked = false;
 			continue;
 		}
