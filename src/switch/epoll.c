@@ -585,6 +585,7 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->rep = fab_clock();
 				e->q1 = queue_for(s, c);
 				arm(s, e, true);
+				note_check(s, i);
 			} else {
 				remove_at(s, i);
 			}
@@ -658,7 +659,11 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		if (i >= 0)
 			remove_at(s, i);
 	} else {
-		r = real_epoll_ctl(epfd, op, fd, &kev);
+		/* A MOD changes only the shadow: the kernel keeps our own
+		 * registration (one system call less than on TCP). */
+		bool same = op == EPOLL_CTL_MOD && i >= 0 && !s->v[i].pending &&
+			    s->v[i].c == c && s->v[i].connecting == connecting;
+		r = same ? 0 : real_epoll_ctl(epfd, op, fd, &kev);
 		if (r == 0) {
 			struct ep_ent *e = ent_for(s, i);
 			if (!e) {
@@ -668,7 +673,10 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 				return -1;
 			}
 			count_pending(s, e, false);
-			if (i >= 0)
+			uint8_t q1 = 0;           /* the same connection keeps its queue */
+			if (i >= 0 && e->c == c && e->q1)
+				q1 = e->q1;
+			else if (i >= 0)
 				ent_unqueue(s, e);
 			memset(e, 0, sizeof *e);
 			e->fd = fd;
@@ -679,8 +687,9 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			e->last_arrived = arrived(c) - 1;   /* edge: report current state */
 			e->last_acked = acked(c) - 1;
 			e->rep = fab_clock();     /* TCP: ready now, queued now */
-			e->q1 = queue_for(s, c);
+			e->q1 = q1 ? q1 : queue_for(s, c);
 			arm(s, e, true);
+			note_check(s, (int)(e - s->v));   /* ready already? */
 		}
 	}
 	pthread_mutex_unlock(&s->lock);

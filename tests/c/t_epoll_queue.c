@@ -138,6 +138,18 @@ static void *client(void *arg)
 			}
 		}
 	}
+	/* EPOLL_CTL_MOD of members that are writable and read up: each is
+	 * reported with EPOLLOUT at once (a MOD looks at the member again,
+	 * news or not), and only with it. */
+	for (int i = 0; i < PER; i++) {
+		struct epoll_event ev = { .events = EPOLLIN | EPOLLOUT, .data.u32 = (uint32_t)i };
+		SYS(epoll_ctl(ep, EPOLL_CTL_MOD, cl->fd[i], &ev));
+	}
+	struct epoll_event evs[PER];
+	int k = epoll_wait(ep, evs, PER, 0);
+	CHECK_EQ(k, PER);
+	for (int j = 0; j < k; j++)
+		CHECK_EQ(evs[j].events, (uint32_t)EPOLLOUT);
 	for (int i = 0; i < PER; i++) {
 		add_stats(cl->fd[i], &cl->s);
 		SYS(shutdown(cl->fd[i], SHUT_WR));
