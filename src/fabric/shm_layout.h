@@ -43,7 +43,9 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint32_t link_key;    /* what our link's news bitmap calls this
 				       * connection (shm_link.c); valid once a
 				       * queue arm (FAB_WAIT_Q) of ours is seen */
-	char pad1[40];
+	_Atomic uint32_t linger0;     /* 1: our socket closes with a reset
+				       * (TCP: SOCK_LINGER with sk_lingertime 0) */
+	char pad1[36];
 	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
 	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
 	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
