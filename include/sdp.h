@@ -52,6 +52,10 @@ struct sdp_sock_stats {
 	/* zero-copy bytes moved through a bounce buffer: page-aliased
 	 * buffers on a host whose Cross Memory Attach is slow for those */
 	uint64_t zc_bounced;
+	/* wake-ups for new data given through the readiness queue that all
+	 * connections between the same two processes share (no system call
+	 * unless the peer's epoll slept); doorbells_tx counts tokens */
+	uint64_t queue_kicks;
 };
 
 #endif /* SDP_H */
