@@ -52,6 +52,17 @@ struct sdp_sock_stats {
 	/* zero-copy bytes moved through a bounce buffer: page-aliased
 	 * buffers on a host whose Cross Memory Attach is slow for those */
 	uint64_t zc_bounced;
+	/* Asynchronous Zero Copy (SDP_AZCOPY=1). tx_bytes is the sum of the
+	 * four tx_*copy_bytes, rx_bytes of the four rx_*copy_bytes. */
+	uint64_t tx_azcopy_bytes; /* bytes whose send() returned while the
+				   * peer had still to read them */
+	uint64_t rx_azcopy_bytes; /* bytes read from such advertisements */
+	uint64_t rx_azasync_bytes;/* bytes whose recv() returned before they
+				   * were copied in (part of the rx_* above) */
+	uint64_t az_faults;       /* accesses that found a page still in flight */
+	uint64_t az_cow_copies;   /* advertisements copied aside to let a
+				   * writer (or free, munmap...) go on */
+	uint64_t az_outstanding;  /* advertisements not read yet, now */
 };
 
 #endif /* SDP_H */

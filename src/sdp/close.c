@@ -15,12 +15,15 @@
  * the provider may reuse the memory for another connection (shm: the
  * connecting side's arena slots, fabric/shm_region.c). The switch calls
  * sdp_release for an SDP connection, sdp_release_tcp for one kept on TCP
- * or fallen back, sdp_conn_drop for one whose connect failed at once.
+ * or fallen back, sdp_conn_drop for one whose connect failed at once. A
+ * last close with asynchronous advertisements unread (az.h) hands the
+ * rest of the release (sdp_release_finish) to the progress thread.
  */
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 
+#include "sdp/az.h"
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
@@ -65,8 +68,10 @@ void sdp_release(struct sdp_conn *c, int fd)
 	sdp_log(3, "release fd %d: %u process(es) held it", fd, np);
 	if (np > 1) {
 		/* Another process (fork) still holds the socket: drop only our
-		 * own mapping (the struct is shared, the mapping is not). */
-		ep->ops->unmap(ep);
+		 * own mapping (the struct is shared, the mapping is not) - once
+		 * the peer has read what we advertised asynchronously. */
+		if (!az_linger(c, false))
+			ep->ops->unmap(ep);
 		return;
 	}
 	uint32_t st = atomic_load(&c->state);
@@ -88,10 +93,21 @@ void sdp_release(struct sdp_conn *c, int fd)
 			send_fin(c, fd, true);
 		}
 	}
+	/* Advertisements of ours still unread: the connection stays until
+	 * the peer has read them (az.h), as a closed TCP socket still sends
+	 * what it had queued. */
+	if (az_linger(c, true))
+		return;
+	sdp_release_finish(c, fd);
+}
+
+void sdp_release_finish(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
 	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
-	if (ep->ops->tokens_due(ep))
+	if (fd >= 0 && ep->ops->tokens_due(ep))
 		ep->ops->drain(ep, fd);
 	/* Our last write to the shared state: after it the peer may reuse
 	 * the memory. */
@@ -103,6 +119,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 
 void sdp_release_tcp(struct sdp_conn *c)
 {
+	az_conn_drop(c);                      /* re-sent on TCP: nothing in flight */
 	bool last = atomic_fetch_sub(&c->nproc, 1) == 1;
 	if (c->ep.ops) {                      /* fell back from SDP */
 		if (last) {

@@ -113,6 +113,10 @@ struct sdp_conn {
 					* only CMA key we accept */
 	_Atomic int32_t key_ok;        /* a peer process verified to hold the far
 					* end (ident.c), besides peer_pid */
+	_Atomic uint32_t zc_sending;   /* a synchronous zero-copy send is
+					* advertising (it may revoke what it
+					* posted: no asynchronous SrcAvail in
+					* between, az.h) */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
 	uint8_t  mode_msg;             /* a ModeChange is still to be posted */
 	uint8_t  pad1[2];
@@ -264,6 +268,10 @@ void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
+/* Our send half's mode; a ModeChange is posted (with a credit of its own)
+ * before the next SrcAvail by zc_post_mode while c->mode_msg is set. */
+void    zc_set_mode(struct sdp_conn *c, int mode);
+void    zc_post_mode(struct sdp_conn *c, int fd);
 const char *zc_mode_name(int mode);
 uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` (calib.c) */
 /* zcopy.c: RDMA Read (write = false) or Write of n bytes at raddr to or
@@ -276,6 +284,11 @@ ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int n
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
 void sdp_release(struct sdp_conn *c, int fd);
+/* The end of the last release (after the FIN or abort): stop wake-ups,
+ * the closed mark, give the memory and the slot back. fd -1: the TCP
+ * socket is closed already (a close that lingered for asynchronous
+ * advertisements, az.h). */
+void sdp_release_finish(struct sdp_conn *c, int fd);
 /* Last fd of this process closes for a connection kept on TCP or fallen
  * back: give back its endpoint (if it had one) and its slot. */
 void sdp_release_tcp(struct sdp_conn *c);

@@ -171,7 +171,7 @@ _Static_assert(sizeof(struct sdp_join_answer) == 16, "join answer is 16 bytes");
  *   4   4  len     bytes offered
  *   8   8  addr    address of the buffer in the source process
  *  16   4  key     the source process (the "rkey" of Cross Memory Attach)
- *  20   4  flags   reserved, zero
+ *  20   4  flags   SDP_SA_ASYNC, or zero; other bits abort the connection
  */
 struct sdp_srcavail {
 	uint32_t id;
@@ -181,6 +181,39 @@ struct sdp_srcavail {
 	uint32_t flags;
 };
 _Static_assert(sizeof(struct sdp_srcavail) == 24, "SrcAvail payload is 24 bytes");
+/* The source's send() has returned (Asynchronous Zero Copy): its bytes may
+ * move before they are read (copy-on-write): the sink reads them where the
+ * source's table of moved advertisements says, after the moving/reading
+ * handshake on az_moving (struct sdp_zctl). */
+#define SDP_SA_ASYNC 0x1u
+
+/*
+ * The source's table of moved advertisements (Asynchronous Zero Copy), in
+ * its own memory at zctl az_table; the sink reads what it needs of it by
+ * RDMA Read (key: the SrcAvail's). A header, then one entry per ring slot,
+ * for SrcAvail id at index id % nslots.
+ *
+ * header, 16 bytes:      entry, 16 bytes:
+ *  off len field          off len field
+ *   0   4  magic           0   4  id    the SrcAvail moved (0: none)
+ *   4   4  pid             4   4  len   its length (as advertised)
+ *   8   4  nslots          8   8  addr  where its bytes are now
+ *  12   4  zero
+ */
+struct sdp_az_thdr {
+	uint32_t magic;          /* SDP_AZ_TABLE_MAGIC */
+	int32_t  pid;            /* the process whose table it is */
+	uint32_t nslots;         /* entries */
+	uint32_t zero;
+};
+_Static_assert(sizeof(struct sdp_az_thdr) == 16, "table header is 16 bytes");
+struct sdp_az_tent {
+	uint32_t id;
+	uint32_t len;
+	uint64_t addr;
+};
+_Static_assert(sizeof(struct sdp_az_tent) == 16, "table entry is 16 bytes");
+#define SDP_AZ_TABLE_MAGIC 0x53444d54u    /* "SDMT" */
 
 /*
  * RdmaWrCompl payload, 8 bytes: the source wrote len bytes into the sink
@@ -235,7 +268,13 @@ _Static_assert(sizeof(struct sdp_modechange) == 4, "ModeChange payload is 4 byte
  *  76   4  refused     nonzero: the kernel refused us reading the peer; it
  *                      revokes its SrcAvails and sends by Buffer Copy (the
  *                      sink's request for Buffered mode)
- *  80  48  reserved
+ *  80   4  az_moving   source: id of an asynchronous SrcAvail whose bytes it
+ *                      is copying aside right now, 0 none (CAS 0 -> id, then
+ *                      0; never while the sink's `reading` is that id)
+ *  84   4  az_zero     zero
+ *  88   8  az_table    source: address of its table of moved advertisements
+ *                      (struct sdp_az_thdr), 0 = none moved yet
+ *  96  32  reserved
  */
 struct sdp_zctl {
 	_Atomic uint32_t rd_done;
@@ -254,13 +293,18 @@ struct sdp_zctl {
 	uint64_t probe_addr;
 	_Atomic uint32_t reading;
 	_Atomic uint32_t refused;
-	char reserved[48];
+	_Atomic uint32_t az_moving;
+	uint32_t az_zero;
+	_Atomic uint64_t az_table;
+	char reserved[32];
 };
 _Static_assert(sizeof(struct sdp_zctl) == 128, "zero-copy control words are 128 bytes");
 _Static_assert(offsetof(struct sdp_zctl, sink_state) == 20, "sink_state at 20");
 _Static_assert(offsetof(struct sdp_zctl, pid) == 48, "pid at 48");
 _Static_assert(offsetof(struct sdp_zctl, cancel_last) == 60, "cancel_last at 60");
 _Static_assert(offsetof(struct sdp_zctl, refused) == 76, "refused at 76");
+_Static_assert(offsetof(struct sdp_zctl, az_moving) == 80, "az_moving at 80");
+_Static_assert(offsetof(struct sdp_zctl, az_table) == 88, "az_table at 88");
 
 enum { SDP_SINK_NONE = 0, SDP_SINK_OFFERED, SDP_SINK_TAKEN, SDP_SINK_WITHDRAWN };
 

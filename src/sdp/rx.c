@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <string.h>
 
+#include "sdp/az.h"
 #include "sdp/iov.h"
 #include "sdp/log.h"
 #include "sdp/rx.h"
@@ -225,6 +226,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (flags & MSG_OOB)
 		return -EINVAL;               /* no urgent data is ever pending */
 
+	/* Pages of the buffer in flight (sent asynchronously, or still being
+	 * received into) must be ours again before we write them (az.h). */
+	az_settle_iov(iov, iovcnt, true);
+	az_progress(c);
 	int r = sdp_lock(&c->rx_lock);
 	if (r)
 		return r;

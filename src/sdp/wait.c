@@ -28,6 +28,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sdp/az.h"
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/spin.h"
@@ -124,6 +125,7 @@ void sdp_on_wakeup(struct sdp_conn *c, int fd)
 		c->st.doorbells_rx++;
 	note_wakeup_result(c, r);
 	wake_others(c);
+	az_progress(c);                       /* a read of ours may be done */
 }
 
 static int64_t remaining_ms(uint64_t deadline)

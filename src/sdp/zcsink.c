@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sdp/az.h"
 #include "sdp/iov.h"
 #include "sdp/log.h"
 #include "sdp/rx.h"
@@ -33,7 +34,8 @@ bool srcavail_revoked(struct sdp_conn *c, const char *pl)
 	memcpy(&sa, pl, sizeof sa);
 	struct sdp_zctl *pz = sdp_zc_peer(c);
 	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
-	return cid && sa.id <= clast && sa.id > c->rx_src_id;
+	/* An asynchronous advertisement is never revoked: its send returned. */
+	return cid && sa.id <= clast && sa.id > c->rx_src_id && !(sa.flags & SDP_SA_ASYNC);
 }
 
 /*
@@ -56,7 +58,7 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	*whole = false;
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
 	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
-	    sa.key <= 0 || off > sa.len) {
+	    sa.key <= 0 || off > sa.len || (sa.flags & ~SDP_SA_ASYNC)) {
 		sdp_log(0, "malformed SrcAvail (id %u len %u): connection aborted",
 			sa.id, sa.len);
 		sdp_conn_abort(c, ECONNRESET);
@@ -71,7 +73,8 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	 * is still unread (it is here, at the head) is revoked: a later cancel
 	 * must not bring an earlier revoked buffer back to life. */
 	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
-	if (cid && sa.id <= clast) {
+	bool async = sa.flags & SDP_SA_ASYNC;
+	if (cid && sa.id <= clast && !async) {
 		atomic_store(&z->reading, 0);
 		*whole = true;                /* revoked: skip it */
 		if (!peek) {
@@ -98,6 +101,21 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	 * connection: never let a peer point our reads at another process,
 	 * or at ourselves. Unknowable (no access to /proc): refuse below. */
 	int kc = zc_key_check(c, fd, sa.key);
+	if (kc == 1 && async) {
+		/* The source's send returned: its bytes may have moved, or be
+		 * moving now (az_moving, which it sets before it looks at our
+		 * `reading`, as we set `reading` before we look at its mark). */
+		uint64_t at = az_src_addr(c, &sa, fd);
+		if (at == 0) {
+			atomic_store(&z->reading, 0);
+			sdp_zc_publish(c, reading, reading);
+			sdp_log(0, "SrcAvail %u: where its bytes moved cannot be told: "
+				"connection aborted", sa.id);
+			sdp_conn_abort(c, ECONNRESET);
+			return -ECONNRESET;
+		}
+		sa.addr = at;
+	}
 	if (kc == 0) {
 		atomic_store(&z->reading, 0);
 		sdp_zc_publish(c, reading, reading);
@@ -179,7 +197,10 @@ failed:
 			atomic_store(&z->rd_done, sa.id);
 		}
 		sdp_zc_publish(c, rd_done, rd_bytes);
-		c->st.rx_rzcopy_bytes += n;
+		if (async)
+			c->st.rx_azcopy_bytes += n;
+		else
+			c->st.rx_rzcopy_bytes += n;
 	} else if (off + n == sa.len) {
 		*whole = true;
 	}
