@@ -243,12 +243,15 @@ uint64_t az_src_addr(struct sdp_conn *c, const struct sdp_srcavail *sa, int fd);
 
 /* ---- azrecv.c: asynchronous receive -------------------------------------- */
 
-struct rx_call;
-/* A SrcAvail at the head of a blocking recv: take its whole pages
- * asynchronously. > 0: bytes taken (the recv may return), 0: read it the
- * usual way, < 0: -errno. */
-ssize_t az_recv_srcavail(struct rx_call *rc, const char *pl, uint32_t off,
-			 bool *whole);
+/* The rest of asynchronous SrcAvail sa (from offset off, its bytes at
+ * addr) into the application's buffer at stream offset copied, room bytes
+ * there, if a blocking recv may take it asynchronously: its partial pages
+ * now, its whole pages by the progress thread. Our `reading` word holds
+ * sa's id until the copy is done, which publishes rd_done. Returns the
+ * bytes taken (all of the rest), 0 (read it the usual way) or -errno. */
+ssize_t az_recv_take(struct sdp_conn *c, int fd, const struct sdp_srcavail *sa,
+		     uint64_t addr, uint32_t off, const struct iovec *iov, int iovcnt,
+		     size_t copied, size_t room);
 /* Finish every asynchronous receive of c (or of all connections: NULL). */
 void az_recv_settle(struct sdp_conn *c);
 /* An asynchronous receive of c is still being copied. */

@@ -22,6 +22,7 @@
 #include <linux/userfaultfd.h>
 
 #include "sdp/az.h"
+#include "sdp/sys.h"
 #include "sdp/tunables.h"
 
 #define CAL_PAGES 64
@@ -48,11 +49,11 @@ int az_uffd_open(uint64_t *features)
 		.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP | AZ_UFFD_WP_UNPOPULATED |
 			    AZ_UFFD_POISON,
 	};
-	if (ioctl(fd, UFFDIO_API, &api) < 0) {
+	if (az_ioctl(fd, UFFDIO_API, &api) < 0) {
 		/* An older kernel may refuse the newer features: ask again
 		 * without them (a new descriptor: API is once). */
 		int e = errno;
-		close(fd);
+		sys_close(fd);
 		if (e != EINVAL)
 			return -e;
 		fd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
@@ -60,14 +61,14 @@ int az_uffd_open(uint64_t *features)
 			return -errno;
 		api.api = UFFD_API;
 		api.features = UFFD_FEATURE_PAGEFAULT_FLAG_WP;
-		if (ioctl(fd, UFFDIO_API, &api) < 0) {
+		if (az_ioctl(fd, UFFDIO_API, &api) < 0) {
 			e = errno;
-			close(fd);
+			sys_close(fd);
 			return -e;
 		}
 	}
 	if (!(api.features & UFFD_FEATURE_PAGEFAULT_FLAG_WP)) {
-		close(fd);
+		sys_close(fd);
 		return -EOPNOTSUPP;
 	}
 	if (features)
@@ -81,7 +82,7 @@ static int uffd_wp(int fd, void *p, size_t len, bool on)
 		.range = { (uintptr_t)p, len },
 		.mode = on ? UFFDIO_WRITEPROTECT_MODE_WP : 0,
 	};
-	return ioctl(fd, UFFDIO_WRITEPROTECT, &wp);
+	return az_ioctl(fd, UFFDIO_WRITEPROTECT, &wp);
 }
 
 /* ---- fault timing --------------------------------------------------------- */
@@ -95,7 +96,7 @@ static void cal_segv(int sig, siginfo_t *si, void *uc)
 	(void)sig;
 	(void)uc;
 	if ((uintptr_t)si->si_addr - (uintptr_t)cal_page < 4096)
-		mprotect(cal_page, 4096, PROT_READ | PROT_WRITE);
+		az_mprotect((uintptr_t)cal_page, 4096, PROT_READ | PROT_WRITE);
 	cal_faults++;
 }
 
@@ -121,7 +122,7 @@ static void *cal_reader(void *arg)
  * (the tool, or a process before it installed anything). */
 static void time_faults(struct az_calib *cal)
 {
-	cal_page = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	cal_page = az_mmap(4096);
 	if (cal_page == MAP_FAILED)
 		return;
 	cal_page[0] = 1;
@@ -130,7 +131,7 @@ static void time_faults(struct az_calib *cal)
 	if (sigaction(SIGSEGV, &sa, &old) == 0) {
 		double t = now_us();
 		for (int i = 0; i < CAL_ROUNDS; i++) {
-			mprotect(cal_page, 4096, PROT_READ);
+			az_mprotect((uintptr_t)cal_page, 4096, PROT_READ);
 			((volatile char *)cal_page)[0] = 2;
 		}
 		cal->mprotect_fault_us = (now_us() - t) / CAL_ROUNDS;
@@ -142,7 +143,7 @@ static void time_faults(struct az_calib *cal)
 			.range = { (uintptr_t)cal_page, 4096 }, .mode = UFFDIO_REGISTER_MODE_WP,
 		};
 		pthread_t th;
-		if (cal_uffd >= 0 && ioctl(cal_uffd, UFFDIO_REGISTER, &reg) == 0 &&
+		if (cal_uffd >= 0 && az_ioctl(cal_uffd, UFFDIO_REGISTER, &reg) == 0 &&
 		    pthread_create(&th, NULL, cal_reader, NULL) == 0) {
 			double t = now_us();
 			for (int i = 0; i < CAL_ROUNDS; i++) {
@@ -153,17 +154,17 @@ static void time_faults(struct az_calib *cal)
 			pthread_join(th, NULL);
 		}
 		if (cal_uffd >= 0)
-			close(cal_uffd);
+			sys_close(cal_uffd);
 		cal_uffd = -1;
 	}
-	munmap(cal_page, 4096);
+	az_munmap(cal_page, 4096);
 }
 
 void az_calibrate(struct az_calib *cal, bool with_faults)
 {
 	memset(cal, 0, sizeof *cal);
 	size_t len = CAL_PAGES * 4096;
-	char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	char *p = az_mmap(len);
 	if (p == MAP_FAILED) {
 		snprintf(cal->why, sizeof cal->why, "no memory to measure with");
 		cal->choice = AZ_MECH_MPROTECT;
@@ -172,8 +173,8 @@ void az_calibrate(struct az_calib *cal, bool with_faults)
 	memset(p, 1, len);
 	double t = now_us();
 	for (int i = 0; i < CAL_ROUNDS; i++) {
-		mprotect(p, len, PROT_READ);
-		mprotect(p, len, PROT_READ | PROT_WRITE);
+		az_mprotect((uintptr_t)p, len, PROT_READ);
+		az_mprotect((uintptr_t)p, len, PROT_READ | PROT_WRITE);
 	}
 	cal->mprotect_us = (now_us() - t) / CAL_ROUNDS;
 
@@ -187,7 +188,7 @@ void az_calibrate(struct az_calib *cal, bool with_faults)
 		struct uffdio_register reg = {
 			.range = { (uintptr_t)p, len }, .mode = UFFDIO_REGISTER_MODE_WP,
 		};
-		if (ioctl(fd, UFFDIO_REGISTER, &reg) < 0) {
+		if (az_ioctl(fd, UFFDIO_REGISTER, &reg) < 0) {
 			snprintf(cal->uffd_why, sizeof cal->uffd_why,
 				 "UFFDIO_REGISTER write-protect: %s", strerror(errno));
 		} else {
@@ -202,9 +203,9 @@ void az_calibrate(struct az_calib *cal, bool with_faults)
 			else
 				cal->uffd_ok = true;
 		}
-		close(fd);
+		sys_close(fd);
 	}
-	munmap(p, len);
+	az_munmap(p, len);
 	if (with_faults)
 		time_faults(cal);
 

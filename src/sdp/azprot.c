@@ -522,7 +522,8 @@ static void span_lift(size_t i)
 
 int az_span_hold(uintptr_t start, uintptr_t end, int kind)
 {
-	int m = az_mech_default();
+	/* chosen before the lock was taken (az_mech_default) */
+	int m = atomic_load(&mech_chosen);
 	if (m == AZ_MECH_NONE || !spans || start >= end)
 		return -ENOSYS;
 	if (lib_overlap(start, end))
@@ -810,7 +811,7 @@ void az_mem_release(uintptr_t start, uintptr_t end)
 /* The application changed its mappings without releasing span memory. */
 void az_vma_changed(void)
 {
-	if (!atomic_load_explicit(&mech_chosen, memory_order_relaxed))
+	if (atomic_load_explicit(&mech_chosen, memory_order_relaxed) <= AZ_MECH_NONE)
 		return;
 	sigset_t ss;
 	az_lock(&ss);

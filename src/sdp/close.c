@@ -64,6 +64,7 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 void sdp_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
+	az_recv_settle(c);                    /* receives still being copied */
 	uint32_t np = atomic_fetch_sub(&c->nproc, 1);
 	sdp_log(3, "release fd %d: %u process(es) held it", fd, np);
 	if (np > 1) {

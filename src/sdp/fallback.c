@@ -501,6 +501,7 @@ bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
 
 int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
 {
+	az_recv_settle(c);                    /* our reads finish before we freeze */
 	struct fab_ep *ep = &c->ep;
 	*subst = -1;
 	if (atomic_load(&c->fb_done))

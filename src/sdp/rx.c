@@ -238,7 +238,8 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	uint32_t thresh = atomic_load(&c->zcopy_thresh);
 	struct rx_call rc = {
 		.c = c, .fd = fd, .iov = iov, .iovcnt = iovcnt, .total = total,
-		.peek = peek, .thresh = thresh, .bounce = !thresh || total < thresh,
+		.peek = peek, .nonblock = nonblock, .thresh = thresh,
+		.bounce = !thresh || total < thresh,
 	};
 	/* SO_RCVLOWAT: a blocking recv returns once this much is copied. */
 	size_t lowat = atomic_load(&c->rcvlowat);

@@ -49,11 +49,15 @@ bool srcavail_revoked(struct sdp_conn *c, const char *pl)
  */
 static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t off,
 			     const struct iovec *iov, int iovcnt, size_t copied,
-			     size_t room, bool peek, bool bounce, bool *whole)
+			     size_t room, bool peek, bool bounce, bool async_ok, bool *whole)
 {
 	struct fab_ep *ep = &c->ep;
 	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
 	struct sdp_srcavail sa;
+	/* An asynchronous receive still copying holds `reading` and rd_done
+	 * (which goes in order): it finishes first. */
+	if (az_recv_busy(c))
+		az_recv_settle(c);
 	memcpy(&sa, pl, sizeof sa);
 	*whole = false;
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
@@ -115,6 +119,21 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 			return -ECONNRESET;
 		}
 		sa.addr = at;
+		/* A blocking recv may return before its whole pages are
+		 * filled (az.h): the progress thread copies them. */
+		ssize_t a = async_ok && !peek ?
+			    az_recv_take(c, fd, &sa, at, off, iov, iovcnt, copied, room) : 0;
+		if (a < 0) {
+			sdp_log(0, "RDMA Read of SrcAvail %u failed: connection aborted", sa.id);
+			sdp_conn_abort(c, ECONNRESET);
+			return -ECONNRESET;
+		}
+		if (a > 0) {
+			*whole = true;
+			c->rx_src_id = sa.id;
+			c->st.rx_azcopy_bytes += (uint64_t)a;
+			return a;             /* `reading` stays: the copy's */
+		}
 	}
 	if (kc == 0) {
 		atomic_store(&z->reading, 0);
@@ -273,8 +292,15 @@ int rx_on_srcavail(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 	if (r)
 		return r;
 	bool whole;
+	/* Asynchronous bytes go straight into a large enough buffer, whatever
+	 * the synchronous threshold says. */
+	struct sdp_srcavail sa;
+	memcpy(&sa, pl, sizeof sa);
+	bool bounce = rc->bounce && !((sa.flags & SDP_SA_ASYNC) && sdp_tun.azcopy &&
+				      rc->total - rc->copied >= 16384);
 	ssize_t n = read_srcavail(c, rc->fd, pl, rc->off, rc->iov, rc->iovcnt, rc->copied,
-				  rc->total - rc->copied, rc->peek, rc->bounce, &whole);
+				  rc->total - rc->copied, rc->peek, bounce, !rc->nonblock,
+				  &whole);
 	if (n < 0)
 		return (int)n;                /* -EAGAIN: refused, wait for the revocation */
 	rc->copied += (size_t)n;
