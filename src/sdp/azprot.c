@@ -283,6 +283,9 @@ static int app_prot(uintptr_t s, uintptr_t e)
 
 /* ---- spans ----------------------------------------------------------------- */
 
+static void reg_count(void);
+static void az_envelope(void);
+
 /* Index of the span containing addr, or -1; *at: where it would go. */
 static int span_find_at(uintptr_t addr, size_t *at)
 {
@@ -311,7 +314,7 @@ static int span_insert(size_t at, const struct az_span *sp)
 	memmove(&spans[at + 1], &spans[at], (nspans - at) * sizeof *spans);
 	spans[at] = *sp;
 	nspans++;
-	atomic_store(&az_nspans, (int)nspans);
+	reg_count();
 	return 0;
 }
 
@@ -319,7 +322,7 @@ static void span_remove(size_t at)
 {
 	memmove(&spans[at], &spans[at + 1], (nspans - at - 1) * sizeof *spans);
 	nspans--;
-	atomic_store(&az_nspans, (int)nspans);
+	reg_count();
 }
 
 /* Split the span containing addr (if any) so that one starts at addr. */
@@ -381,6 +384,28 @@ int az_mech_default(void)
 	return atomic_load(&mech_chosen);
 }
 
+/* What the memory calls look at without the lock: how many spans and
+ * registrations there are, and the addresses they lie between. */
+static _Atomic uintptr_t env_lo, env_hi;
+
+static void az_envelope(void)
+{
+	uintptr_t lo = UINTPTR_MAX, hi = 0;
+	if (nspans) {
+		lo = spans[0].start;
+		hi = spans[nspans - 1].end;
+	}
+	for (int i = 0; i < nreg; i++) {
+		if (reg[i].start < lo)
+			lo = reg[i].start;
+		if (reg[i].end > hi)
+			hi = reg[i].end;
+	}
+	atomic_store(&env_lo, lo);
+	atomic_store(&env_hi, hi);
+	atomic_store(&az_nspans, (int)(nspans + (size_t)nreg));
+}
+
 static bool reg_has(uintptr_t s, uintptr_t e)
 {
 	for (int i = 0; i < nreg; i++)
@@ -389,6 +414,13 @@ static bool reg_has(uintptr_t s, uintptr_t e)
 	return false;
 }
 
+static void reg_count(void)
+{
+	az_envelope();
+}
+
+/* The kernel dropped our registrations of [s, e) (the memory was unmapped
+ * or registered anew): forget them. */
 static void reg_forget(uintptr_t s, uintptr_t e)
 {
 	for (int i = 0; i < nreg;)
@@ -396,6 +428,38 @@ static void reg_forget(uintptr_t s, uintptr_t e)
 			reg[i] = reg[--nreg];
 		else
 			i++;
+	reg_count();
+}
+
+/* Undo our registrations of [s, e): a registered range splits the
+ * application's mapping, and mremap refuses to move or grow a range that
+ * spans mappings. Parts of them outside [s, e) stay registered. */
+static void reg_undo(uintptr_t s, uintptr_t e)
+{
+	for (int i = 0; i < nreg;) {
+		uintptr_t a = reg[i].start > s ? reg[i].start : s;
+		uintptr_t b = reg[i].end < e ? reg[i].end : e;
+		if (a >= b) {
+			i++;
+			continue;
+		}
+		struct uffdio_range u = { a, b - a };
+		if (az_uffd >= 0)
+			az_ioctl(az_uffd, UFFDIO_UNREGISTER, &u);
+		uintptr_t rs = reg[i].start, re = reg[i].end;
+		reg[i] = reg[--nreg];
+		if (rs < a && nreg < MAX_REG) {
+			reg[nreg].start = rs;
+			reg[nreg].end = a;
+			nreg++;
+		}
+		if (b < re && nreg < MAX_REG) {
+			reg[nreg].start = b;
+			reg[nreg].end = re;
+			nreg++;
+		}
+	}
+	reg_count();
 }
 
 static int uffd_register(uintptr_t s, uintptr_t e)
@@ -421,6 +485,11 @@ static int uffd_register(uintptr_t s, uintptr_t e)
 		reg[nreg].start = s;
 		reg[nreg].end = e;
 		nreg++;
+		reg_count();
+	} else {
+		/* No room to remember it: undo it when it is unprotected. */
+		struct uffdio_range u = { s, e - s };
+		(void)u;
 	}
 	return 0;
 }
@@ -762,7 +831,9 @@ void az_settle_syscall(const struct iovec *iov, int n)
 
 void az_mem_release(uintptr_t start, uintptr_t end)
 {
-	if (!atomic_load_explicit(&az_nspans, memory_order_relaxed) || end <= start)
+	if (!atomic_load_explicit(&az_nspans, memory_order_relaxed) || end <= start ||
+	    end <= atomic_load_explicit(&env_lo, memory_order_relaxed) ||
+	    start >= atomic_load_explicit(&env_hi, memory_order_relaxed))
 		return;
 	start = PG_DOWN(start);
 	end = PG_UP(end);
@@ -779,7 +850,7 @@ void az_mem_release(uintptr_t start, uintptr_t end)
 			recv |= spans[i].kind == AZ_RECV;
 		}
 		if (!any) {
-			reg_forget(start, end);
+			reg_undo(start, end);
 			az_unlock(&ss);
 			return;
 		}
@@ -798,7 +869,7 @@ void az_mem_release(uintptr_t start, uintptr_t end)
 				sdp_log(0, "asynchronous zero copy: memory released while "
 					"the peer still reads it");
 			az_span_drop(start, end);
-			reg_forget(start, end);
+			reg_undo(start, end);
 			az_unlock(&ss);
 			return;
 		}
@@ -996,7 +1067,7 @@ void az_prot_fork_child(void)
 	/* userfaultfd protection and registration do not pass to a child. */
 	nspans = 0;
 	nreg = 0;
-	atomic_store(&az_nspans, 0);
+	az_envelope();
 	vma_forget();
 }
 

@@ -161,6 +161,9 @@ static void job_finish(struct job *j, bool ok)
 	}
 	atomic_store(&z->reading, 0);
 	sdp_zc_publish(c, reading, reading);
+	/* Now whoever touched the pages meanwhile goes on. */
+	struct uffdio_range w = { j->dst, j->len };
+	az_ioctl(az_uffd, UFFDIO_WAKE, &w);
 	sigset_t ss;
 	az_lock(&ss);
 	az_span_put(j->dst, j->dst + j->len);
@@ -194,9 +197,12 @@ static void job_copy(struct job *j)
 			break;
 		}
 		for (size_t at = 0; at < k;) {
+			/* Nobody is woken yet: the read is published first
+			 * (job_finish), so an application that saw the data
+			 * and left at once has told the source. */
 			struct uffdio_copy cp = {
 				.dst = j->dst + done + at, .src = (uintptr_t)bounce + at,
-				.len = k - at, .mode = 0,
+				.len = k - at, .mode = UFFDIO_COPY_MODE_DONTWAKE,
 			};
 			int r = az_ioctl(az_uffd, UFFDIO_COPY, &cp);
 			if (cp.copy > 0)

@@ -29,6 +29,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <sched.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -149,6 +150,17 @@ static bool conn_dead(struct sdp_conn *c)
 	       sdp_marked(c, FAB_M_CLOSED | FAB_M_ABORT | FAB_M_FB);
 }
 
+/* Is the process that reads our advertisements gone (it died, or left
+ * without closing)? Only for the slow paths: a socket we no longer hold
+ * (a lingering close) or nobody waits on (exit) tells us nothing. */
+static bool peer_vanished(struct sdp_conn *c)
+{
+	pid_t p1 = c->peer_pid, p2 = atomic_load(&sdp_zc_peer(c)->pid);
+	bool gone1 = p1 <= 0 || (kill(p1, 0) < 0 && errno == ESRCH);
+	bool gone2 = p2 <= 0 || p2 == p1 || (kill(p2, 0) < 0 && errno == ESRCH);
+	return gone1 && gone2;
+}
+
 static void set_outstanding(struct az_conn *ac)
 {
 	__atomic_store_n(&ac->c->st.az_outstanding, (uint64_t)atomic_load(&ac->nadv),
@@ -245,6 +257,14 @@ static void linger_finish(void)
 			if (!ac || !ac->linger)
 				continue;
 			complete_locked(ac);
+			if (atomic_load(&ac->nadv) && peer_vanished(ac->c)) {
+				sdp_log(1, "the peer left with %u asynchronous advertisement(s) "
+					"of a closed connection unread",
+					(unsigned)atomic_load(&ac->nadv));
+				for (int k = 0; k < AZ_MAXADV; k++)
+					if (ac->adv[k].id)
+						adv_finish(ac, &ac->adv[k]);
+			}
 			if (atomic_load(&ac->nadv))
 				continue;
 			done = ac->c;
@@ -781,7 +801,20 @@ void az_drain(uint32_t idle_ms)
 		return;
 	uint32_t last = UINT32_MAX;
 	uint64_t since = sdp_now_ns();
-	for (;;) {
+	for (unsigned round = 0;; round++) {
+		if ((round & 63) == 63) {
+			/* peers that left will read nothing more */
+			sigset_t ss;
+			az_lock(&ss);
+			for (uint32_t i = 0; i < nlive; i++) {
+				struct az_conn *ac = azc[live[i]];
+				if (ac && atomic_load(&ac->nadv) && peer_vanished(ac->c))
+					for (int k = 0; k < AZ_MAXADV; k++)
+						if (ac->adv[k].id)
+							adv_finish(ac, &ac->adv[k]);
+			}
+			az_unlock(&ss);
+		}
 		az_progress_all();
 		uint32_t n = az_outstanding_all();
 		if (!n)

@@ -99,4 +99,81 @@ static inline uint8_t *az_buf(size_t len, size_t off)
 	return (uint8_t *)p + off;
 }
 
+/* ---- a peer process --------------------------------------------------- */
+
+/* Gates between this process and its peer (pipes made before the fork):
+ * az_gate_pass(g) lets the other side's az_gate_wait(g) through once. */
+static int az_gates[4][2];
+
+static inline void az_gates_open(void)
+{
+	for (int i = 0; i < 4; i++)
+		CHECK(pipe(az_gates[i]) == 0);
+}
+
+static inline void az_gate_pass(int g)
+{
+	char b = 'g';
+	CHECK_EQ(write(az_gates[g][1], &b, 1), 1);
+}
+
+static inline void az_gate_wait(int g)
+{
+	char b;
+	ssize_t n;
+	while ((n = read(az_gates[g][0], &b, 1)) < 0 && errno == EINTR)
+		;
+	CHECK_EQ(n, 1);
+}
+
+/* A connection whose other end is served by rx(fd, arg) in a child
+ * process; returns our end, *pid the child. */
+static inline int az_peer(void (*rx)(int, void *), void *arg, pid_t *pid)
+{
+	int c, s;
+	tl_pair(AF_INET, &c, &s);
+	expect_transport(c);
+	*pid = fork();
+	CHECK(*pid >= 0);
+	if (*pid == 0) {
+		tl_watchdog(100);
+		close(c);
+		rx(s, arg);
+		_exit(0);
+	}
+	close(s);
+	return c;
+}
+
+static inline void az_reap(pid_t pid, const char *what)
+{
+	int st;
+	CHECK(waitpid(pid, &st, 0) == pid);
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s failed (status 0x%x)", what, st);
+}
+
+/* Receive len bytes of round r and check them. */
+static inline void az_recv_round(int s, uint8_t *r, size_t len, uint64_t round)
+{
+	tl_recv_all(s, r, len);
+	long bad = az_check(r, len, round);
+	CHECK(bad < 0, "round %llu: byte %ld of %zu wrong", (unsigned long long)round, bad, len);
+}
+
+/* Run every scenario of a t_az_* program in a fresh process with AZ on
+ * (and env), under both fault policies. */
+static inline void az_run_all(char **argv, const char *const *names, int n,
+			      const char *extra_env)
+{
+	static const char *faults[] = { "SDP_AZ_FAULT=block", "SDP_AZ_FAULT=copy" };
+	for (int f = 0; f < 2; f++)
+		for (int i = 0; i < n; i++) {
+			const char *env[] = { faults[f], "SDP_AZ_COOL=0", extra_env, NULL };
+			const char *args[] = { names[i], NULL };
+			int st = az_run(argv, env, args);
+			CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "%s (%s) failed (status 0x%x)",
+			      names[i], faults[f], st);
+		}
+}
+
 #endif
