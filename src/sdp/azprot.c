@@ -26,6 +26,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <link.h>
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
@@ -363,6 +364,7 @@ static void choose(void)
 			return;
 		}
 		spans = p;
+		az_lib_range((uintptr_t)p, MAX_SPANS * sizeof *spans);
 	}
 	az_calibrate(&calib, false);
 	int m = calib.choice;
@@ -1042,10 +1044,35 @@ static void az_segv(int sig, siginfo_t *si, void *uc)
 
 /* ---- start-up, fork ----------------------------------------------------- */
 
+/* The library's own segments (data and bss included): never protected. */
+static int self_segments(struct dl_phdr_info *info, size_t size, void *arg)
+{
+	(void)size;
+	(void)arg;
+	bool mine = false;
+	for (int i = 0; i < info->dlpi_phnum && !mine; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		uintptr_t a = info->dlpi_addr + ph->p_vaddr;
+		mine = ph->p_type == PT_LOAD && self_text >= a && self_text < a + ph->p_memsz;
+	}
+	if (!mine)
+		return 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+		if (ph->p_type != PT_LOAD)
+			continue;
+		uintptr_t a = PG_DOWN(info->dlpi_addr + ph->p_vaddr);
+		az_lib_add(a, PG_UP(info->dlpi_addr + ph->p_vaddr + ph->p_memsz) - a);
+	}
+	return 1;
+}
+
 static void find_self(void)
 {
+	/* Every mapping of the library's own file is special (vma), and its
+	 * segments are library memory. */
 	self_text = (uintptr_t)&find_self;
-	/* Every mapping of the library's own file is special (vma). */
+	dl_iterate_phdr(self_segments, NULL);
 }
 
 void az_init(void)

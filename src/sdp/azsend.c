@@ -87,6 +87,7 @@ static void azc_init(void)
 		return;
 	azc = p;
 	live = (uint32_t *)(azc + SDP_POOL_CONNS);
+	az_lib_range((uintptr_t)p, SDP_POOL_CONNS * (sizeof *azc + sizeof *live));
 }
 
 static inline struct az_conn *ac_of(struct sdp_conn *c)
