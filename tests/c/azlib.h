@@ -31,6 +31,7 @@ static inline int az_run(char **argv0, const char *const *env, const char *const
 		for (int i = 0; args && args[i] && n < 15; i++)
 			av[n++] = (char *)args[i];
 		av[n] = NULL;
+		alarm(100);                   /* kept across exec: a hang dies */
 		execv("/proc/self/exe", av);
 		_exit(127);
 	}
