@@ -700,7 +700,7 @@ void az_span_drop(uintptr_t start, uintptr_t end)
 
 /* ---- faults ------------------------------------------------------------- */
 
-enum { FT_THREAD, FT_POLL, FT_FORCE };
+enum { FT_THREAD, FT_POLL, FT_FORCE, FT_SETTLE };
 
 /* The last page this thread retried a fault on without finding a span:
  * a second fault there right away is the application's. */
@@ -733,12 +733,11 @@ static int resolve(uintptr_t addr, int how, bool count)
 		}
 		retried_page = 0;
 		struct az_span sp = spans[i];
-		if (count && round == 0) {
+		if (count && round == 0)
 			az_count_fault(sp.start, sp.end);
-		}
 		if (sp.kind == AZ_RECV) {
 			az_unlock(&ss);
-			if (how == FT_POLL)
+			if (how == FT_POLL || how == FT_FORCE)
 				return -EAGAIN;
 			az_recv_settle(NULL);      /* the copies finish */
 			continue;
@@ -761,7 +760,7 @@ static int resolve(uintptr_t addr, int how, bool count)
 			}
 		}
 		az_unlock(&ss);
-		if (how != FT_THREAD)
+		if (how != FT_THREAD && how != FT_SETTLE)
 			return -EAGAIN;
 		/* Block-on-write: until the peer has read it (then the next
 		 * round lifts the span), at most AZ_BLOCK_MS - then copy. */
@@ -804,7 +803,7 @@ static void settle_range(uintptr_t start, uintptr_t end, bool write, bool mp_onl
 		az_unlock(&ss);
 		if (!at)
 			return;
-		resolve(at, FT_THREAD, false);
+		resolve(at, FT_SETTLE, true);
 	}
 }
 
