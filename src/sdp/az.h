@@ -201,11 +201,11 @@ void az_progress_all(void);
 uint32_t az_outstanding_all(void);
 /* Is any advertisement of this process outstanding on c? */
 bool az_busy(struct sdp_conn *c);
-/* The last close of c with advertisements outstanding: the progress
- * thread keeps the connection until the peer has read them (TCP keeps a
- * closed socket's unsent data too), then finishes the release. true: it
- * took the connection (the caller must not release it). */
-bool az_linger(struct sdp_conn *c, bool last);
+/* This process's close of c (sdp_release) with advertisements unread:
+ * the progress thread keeps the connection (and a copy of the TCP socket)
+ * until the peer has read them, as a closed TCP socket still sends what
+ * it had queued, then makes the release. true: it took it over. */
+bool az_linger(struct sdp_conn *c, int fd);
 /* Where the bytes of an asynchronous SrcAvail are now: the address in
  * its process (sa->key) - the advertised one or where it moved to - or 0
  * if that cannot be told. ours: one of our own side's (the hand-back to

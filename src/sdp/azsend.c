@@ -64,8 +64,10 @@ struct az_conn {                   /* this process's AZ state of one connection 
 	struct sdp_conn *c;
 	uint64_t ino;              /* the TCP socket's inode (fd still names it?) */
 	int      fd;               /* fd of the last AZ send: wake-ups; -1 none */
-	uint8_t  linger;           /* 1: closed by us, 2: other holders left */
+	uint8_t  linger;           /* closed: released once all is read */
 	uint8_t  pad[3];
+	int      linger_fd;        /* then our copy of the TCP socket, kept open
+				    * until the peer has read (TCP lingers so) */
 	_Atomic uint32_t nadv;     /* entries in use */
 	uint32_t sends, faults;    /* the last window: sends, faults on them */
 	uint32_t cool;             /* sends left to make synchronously */
@@ -111,6 +113,7 @@ static struct az_conn *ac_get(struct sdp_conn *c, int fd)
 	ac->c = c;
 	ac->ino = c->tcp_ino;
 	ac->fd = fd;
+	ac->linger_fd = -1;
 	ac->cool_len = sdp_tun.az_cool;
 	az_lib_add((uintptr_t)p, sizeof *ac);
 	live[nlive++] = c->idx;
@@ -245,12 +248,12 @@ uint32_t az_outstanding_all(void)
 }
 
 /* Lingering connections whose advertisements are all read (or void):
- * finish their release (the progress thread, exit). */
+ * make their release now (the progress thread, exit). */
 static void linger_finish(void)
 {
 	for (;;) {
 		struct sdp_conn *done = NULL;
-		uint8_t how = 0;
+		int lfd = -1;
 		sigset_t ss;
 		az_lock(&ss);
 		for (uint32_t i = 0; i < nlive && !done; i++) {
@@ -269,16 +272,17 @@ static void linger_finish(void)
 			if (atomic_load(&ac->nadv))
 				continue;
 			done = ac->c;
-			how = ac->linger;
+			lfd = ac->linger_fd;
 			ac_free(ac);
 		}
 		az_unlock(&ss);
 		if (!done)
 			return;
-		if (how == 1)
-			sdp_release_finish(done, -1);
-		else
-			done->ep.ops->unmap(&done->ep);
+		/* the release the close deferred; then our copy of the socket
+		 * goes (for the last holder: the FIN after the last byte) */
+		sdp_release(done, lfd);
+		if (lfd >= 0)
+			sys_close(lfd);
 	}
 }
 
@@ -339,7 +343,7 @@ static bool wait_read(struct sdp_conn *c, int fd, uint64_t ino, uint32_t id,
 		if (ms < 1)
 			ms = 1;
 		if (fd_ok && sdp_watch(c)) {
-			ep->ops->kick_owed(ep, fd);
+			sdp_kick_owed(c, fd);
 			struct pollfd p = { .fd = fd, .events = POLLIN };
 			if (sys_poll(&p, 1, ms) > 0)
 				sdp_on_wakeup(c, fd);
@@ -736,28 +740,49 @@ ssize_t az_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 
 /* ---- close, exit, exec, hand-back, fork ------------------------------------- */
 
-bool az_linger(struct sdp_conn *c, bool last)
+bool az_linger(struct sdp_conn *c, int fd)
 {
 	struct az_conn *ac = ac_of(c);
 	if (!ac)
 		return false;
 	sigset_t ss;
 	az_lock(&ss);
-	if (azc[c->idx] != ac) {
+	if (azc[c->idx] != ac || ac->linger) {
 		az_unlock(&ss);
-		return false;
+		return ac->linger;
 	}
 	complete_locked(ac);
-	if (!atomic_load(&ac->nadv)) {
-		ac_free(ac);
+	/* TCP answers a close with unread data with a reset, which drops what
+	 * it still had to send: so do we. */
+	bool abort = sdp_is_reset(c) || atomic_load(&c->linger0) || sdp_fionread(c) > 0;
+	int lfd = -1;
+	if (atomic_load(&ac->nadv) && !abort)
+		lfd = fd >= 0 ? sys_fcntl(fd, F_DUPFD_CLOEXEC, 900) : -1;
+	if (lfd < 0) {
+		if (atomic_load(&ac->nadv) && !abort) {
+			/* No descriptor to linger with: wait here. */
+			az_unlock(&ss);
+			az_drain(10000);
+			az_lock(&ss);
+		}
+		for (int k = 0; k < AZ_MAXADV; k++)
+			if (ac->adv[k].id)
+				adv_finish(ac, &ac->adv[k]);
+		if (azc[c->idx] == ac)
+			ac_free(ac);
 		az_unlock(&ss);
 		return false;
 	}
-	ac->linger = last ? 1 : 2;
-	ac->fd = -1;
+	/* Keep the TCP socket open (our copy) and the connection ours until
+	 * the peer has read: its FIN comes after the last byte, the peer's
+	 * wake-ups land on an open socket, another holder cannot free it. */
+	ac->linger = 1;
+	ac->linger_fd = lfd;
+	ac->fd = lfd;
+	uint32_t n = atomic_load(&ac->nadv);
 	az_unlock(&ss);
 	sdp_log(2, "close with %u asynchronous advertisement(s) unread: kept until "
-		"the peer has read them", (unsigned)atomic_load(&ac->nadv));
+		"the peer has read them", (unsigned)n);
 	az_prog_start();
 	az_prog_kick();
 	return true;
@@ -875,6 +900,8 @@ void az_fork_child(void)
 			for (int k = 0; k < AZ_MAXADV; k++)
 				if (ac->adv[k].bounce)
 					az_munmap((void *)ac->adv[k].bounce, PG_UP(ac->adv[k].len));
+			if (ac->linger_fd >= 0)
+				sys_close(ac->linger_fd);   /* the parent's to keep */
 			if (ac->table)
 				az_munmap(ac->table, ac->table_len);
 			azc[live[i]] = NULL;
@@ -893,5 +920,28 @@ void az_at_exit(void)
 	if (!az_on())
 		return;
 	az_recv_settle(NULL);
+	/* The connections this process alone holds end now as the kernel
+	 * would end them - FIN after the last byte - so that the peer, which
+	 * still reads our memory, owes us no wake-up our closed socket would
+	 * answer with a reset. */
+	if (azc) {
+		struct sdp_conn *cs[64];
+		int fds[64], n = 0;
+		sigset_t ss;
+		az_lock(&ss);
+		for (uint32_t i = 0; i < nlive && n < 64; i++) {
+			struct az_conn *ac = azc[live[i]];
+			struct stat st;
+			if (ac && !ac->linger && ac->fd >= 0 && atomic_load(&ac->c->nproc) == 1 &&
+			    fstat(ac->fd, &st) == 0 && (uint64_t)st.st_ino == ac->ino) {
+				cs[n] = ac->c;
+				fds[n++] = ac->fd;
+			}
+		}
+		az_unlock(&ss);
+		for (int i = 0; i < n; i++)
+			if (!sdp_is_reset(cs[i]))
+				sdp_shutdown(cs[i], fds[i], SHUT_WR);
+	}
 	az_drain(10000);
 }

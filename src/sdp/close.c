@@ -16,8 +16,8 @@
  * connecting side's arena slots, fabric/shm_region.c). The switch calls
  * sdp_release for an SDP connection, sdp_release_tcp for one kept on TCP
  * or fallen back, sdp_conn_drop for one whose connect failed at once. A
- * last close with asynchronous advertisements unread (az.h) hands the
- * rest of the release (sdp_release_finish) to the progress thread.
+ * close with asynchronous advertisements unread (az.h) hands the release
+ * to the progress thread, which makes it once the peer has read them.
  */
 #include <errno.h>
 #include <sys/mman.h>
@@ -65,14 +65,17 @@ void sdp_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
 	az_recv_settle(c);                    /* receives still being copied */
+	/* Asynchronous advertisements of ours unread: the release waits until
+	 * the peer has read them (az.h), as a closed TCP socket still sends
+	 * what it had queued; the progress thread makes it then. */
+	if (az_linger(c, fd))
+		return;
 	uint32_t np = atomic_fetch_sub(&c->nproc, 1);
 	sdp_log(3, "release fd %d: %u process(es) held it", fd, np);
 	if (np > 1) {
 		/* Another process (fork) still holds the socket: drop only our
-		 * own mapping (the struct is shared, the mapping is not) - once
-		 * the peer has read what we advertised asynchronously. */
-		if (!az_linger(c, false))
-			ep->ops->unmap(ep);
+		 * own mapping (the struct is shared, the mapping is not). */
+		ep->ops->unmap(ep);
 		return;
 	}
 	uint32_t st = atomic_load(&c->state);
@@ -94,11 +97,6 @@ void sdp_release(struct sdp_conn *c, int fd)
 			send_fin(c, fd, true);
 		}
 	}
-	/* Advertisements of ours still unread: the connection stays until
-	 * the peer has read them (az.h), as a closed TCP socket still sends
-	 * what it had queued. */
-	if (az_linger(c, true))
-		return;
 	sdp_release_finish(c, fd);
 }
 

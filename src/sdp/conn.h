@@ -211,6 +211,9 @@ void    sdp_conn_abort(struct sdp_conn *c, int err);
 void    sdp_abort_insane(struct sdp_conn *c, const char *why);
 /* The connection is reset: make sure the peer sees it (our mark + kick). */
 void    sdp_reset_tell(struct sdp_conn *c, int fd);
+/* Before sleeping: the wake-up the peer may be owed (not to a peer that
+ * sent its FIN or closed). */
+void    sdp_kick_owed(struct sdp_conn *c, int fd);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);

@@ -404,5 +404,5 @@ void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
-	c->ep.ops->kick_owed(&c->ep, fd);     /* we may sleep now */
+	sdp_kick_owed(c, fd);                 /* we may sleep now */
 }
