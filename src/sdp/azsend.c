@@ -859,15 +859,56 @@ void az_drain(uint32_t idle_ms)
 	}
 }
 
+/* The connections this process alone holds and is about to lose (exit;
+ * exec, for close-on-exec ones) end as the kernel would end them: FIN
+ * after the last byte. Then we wait until the peer has read what we
+ * advertised, and take the wake-ups it sent meanwhile off the socket -
+ * closed with unread bytes, the kernel would answer with a reset. With
+ * our FIN in, the peer owes us no further wake-up (wait.c). */
+static void end_held(bool cloexec_only)
+{
+	struct sdp_conn *cs[64];
+	int fds[64], n = 0;
+	if (azc) {
+		sigset_t ss;
+		az_lock(&ss);
+		for (uint32_t i = 0; i < nlive && n < 64; i++) {
+			struct az_conn *ac = azc[live[i]];
+			struct stat st;
+			if (!ac || ac->linger || ac->fd < 0 || atomic_load(&ac->c->nproc) != 1 ||
+			    fstat(ac->fd, &st) != 0 || (uint64_t)st.st_ino != ac->ino)
+				continue;
+			if (cloexec_only && !(sys_fcntl(ac->fd, F_GETFD, 0) & FD_CLOEXEC))
+				continue;
+			cs[n] = ac->c;
+			fds[n++] = ac->fd;
+		}
+		az_unlock(&ss);
+	}
+	for (int i = 0; i < n; i++)
+		if (!sdp_is_reset(cs[i]))
+			sdp_shutdown(cs[i], fds[i], SHUT_WR);
+	az_drain(10000);
+	for (int i = 0; i < n; i++) {
+		struct fab_ep *ep = &cs[i]->ep;
+		uint64_t until = sdp_now_ns() + 100000000ull;
+		while (ep->ops->tokens_due(ep) && sdp_now_ns() < until) {
+			struct pollfd p = { .fd = fds[i], .events = POLLIN };
+			if (sys_poll(&p, 1, 10) > 0)
+				ep->ops->drain(ep, fds[i]);
+		}
+	}
+}
+
 void az_before_exec(void)
 {
 	if (!az_on())
 		return;
 	/* The new image has none of this memory: what the peer still has to
-	 * read must be read now, and the application's own SIGSEGV action
-	 * goes back (an ignored SIGSEGV stays ignored across exec). */
+	 * read of it must be read now, and the application's own SIGSEGV
+	 * action goes back (an ignored SIGSEGV stays ignored across exec). */
 	az_recv_settle(NULL);
-	az_drain(10000);
+	end_held(true);
 	az_sig_restore();
 }
 
@@ -920,28 +961,5 @@ void az_at_exit(void)
 	if (!az_on())
 		return;
 	az_recv_settle(NULL);
-	/* The connections this process alone holds end now as the kernel
-	 * would end them - FIN after the last byte - so that the peer, which
-	 * still reads our memory, owes us no wake-up our closed socket would
-	 * answer with a reset. */
-	if (azc) {
-		struct sdp_conn *cs[64];
-		int fds[64], n = 0;
-		sigset_t ss;
-		az_lock(&ss);
-		for (uint32_t i = 0; i < nlive && n < 64; i++) {
-			struct az_conn *ac = azc[live[i]];
-			struct stat st;
-			if (ac && !ac->linger && ac->fd >= 0 && atomic_load(&ac->c->nproc) == 1 &&
-			    fstat(ac->fd, &st) == 0 && (uint64_t)st.st_ino == ac->ino) {
-				cs[n] = ac->c;
-				fds[n++] = ac->fd;
-			}
-		}
-		az_unlock(&ss);
-		for (int i = 0; i < n; i++)
-			if (!sdp_is_reset(cs[i]))
-				sdp_shutdown(cs[i], fds[i], SHUT_WR);
-	}
-	az_drain(10000);
+	end_held(false);
 }
