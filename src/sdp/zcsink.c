@@ -139,7 +139,8 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 		atomic_store(&z->reading, 0);
 		sdp_zc_publish(c, reading, reading);
 		sdp_log(0, "SrcAvail %u names process %d, which does not hold "
-			"this connection: connection aborted", sa.id, (int)sa.key);
+			"this connection (it never did, or it died): connection aborted",
+			sa.id, (int)sa.key);
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
