@@ -46,6 +46,8 @@ def all_experiments():
         exps += apps.experiments()
     except ImportError:
         pass
+    from sdpbench import pfs
+    exps += pfs.experiments()
     return exps
 
 

@@ -6,7 +6,9 @@ set -euo pipefail
 DEB_PKGS=(build-essential cmake pkg-config iproute2 ethtool procps psmisc
           iperf3 redis-server redis-tools nginx-light memcached libmemcached-tools
           curl wrk sockperf netcat-openbsd python3 valgrind
-          openssh-server openssh-client libseccomp2)
+          openssh-server openssh-client libseccomp2
+          moosefs-master moosefs-chunkserver moosefs-client moosefs-cli fuse3
+          clang libclang-rt-14-dev llvm)   # fuzzers (libFuzzer), symbolized reports
 PY_MODS=(pytest matplotlib)
 
 missing=()

@@ -10,6 +10,9 @@ from dataclasses import dataclass, field
 
 NET_SERVER = "10.200.0.1"
 NET_CLIENT = "10.200.0.2"
+# On the loopback device of a namespace of its own (Netns.local()), for
+# programs that refuse 127.0.0.0/8 (MooseFS chunk servers): still loopback.
+NET_LOCAL = "10.200.1.1"
 
 
 @dataclass

@@ -113,6 +113,19 @@ class Experiment:
             return cfg.name in self.raw_configs
         return True
 
+    def unavailable_reason(self, ctx: "Ctx") -> str | None:
+        """Why this experiment cannot run on this host at all, or None."""
+        return None
+
+    def skip_reason(self, cfg) -> str | None:
+        """Why this experiment leaves out an available configuration (it
+        would measure nothing another one does not), or None."""
+        return None
+
+    def est_run_s(self, ctx: "Ctx") -> float | None:
+        """Seconds one run takes, start-up included, if not the default."""
+        return None
+
     def missing_tools(self) -> list[str]:
         import shutil
         return [t for t in self.needs if not shutil.which(t)]

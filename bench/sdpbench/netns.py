@@ -1,8 +1,10 @@
 """Two pairs of network namespaces joined by veth links, one with TSO, GSO
 and GRO off and one with them on. The addresses 10.200.0.1 (server) and
-10.200.0.2 (client) exist only inside these namespaces. The namespaces are
-always deleted again (atexit, signals, and any left over by an earlier run
-of this suite that was killed)."""
+10.200.0.2 (client) exist only inside these namespaces. On request
+(local()) one more namespace whose loopback device also carries 10.200.1.1,
+for servers that refuse 127.0.0.0/8. The namespaces are always deleted
+again (atexit, signals, and any left over by an earlier run of this suite
+that was killed)."""
 from __future__ import annotations
 
 import atexit
@@ -10,7 +12,7 @@ import os
 import shutil
 import subprocess
 
-from .configs import NET_CLIENT, NET_SERVER
+from .configs import NET_CLIENT, NET_LOCAL, NET_SERVER
 
 PREFIX = "sdpb"
 
@@ -57,6 +59,8 @@ class Netns:
         self.ok: bool | None = None
         self.why: str | None = None
         self._registered = False
+        self.local_name: str | None = None
+        self.local_why: str | None = None
 
     def names(self, offload: bool) -> tuple[str, str]:
         k = "on" if offload else "off"
@@ -126,6 +130,39 @@ class Netns:
                 return f"ethtool -K {dev} ... {flag}: {msg}"
         return None
 
+    def local(self) -> tuple[str | None, str | None]:
+        """(name, None) of a namespace with lo up and NET_LOCAL on lo, made
+        on first use, or (None, why not). Traffic to NET_LOCAL there is
+        loopback traffic like 127.0.0.1's."""
+        if self.local_name or self.local_why:
+            return self.local_name, self.local_why
+        for name in stale_namespaces():
+            _run(["ip", "netns", "del", name])
+        if os.geteuid() != 0:
+            self.local_why = "network namespaces need root"
+            return None, self.local_why
+        if not shutil.which("ip"):
+            self.local_why = "`ip` not installed"
+            return None, self.local_why
+        if not self._registered:
+            atexit.register(self.teardown)
+            self._registered = True
+        name = f"{self.tag}-lo"
+        for st in (["ip", "netns", "add", name],
+                   ["ip", "-n", name, "link", "set", "lo", "up"],
+                   ["ip", "-n", name, "addr", "add", f"{NET_LOCAL}/32", "dev", "lo"]):
+            rc, msg = _run(st)
+            if rc != 0:
+                self.local_why = f"network namespaces not possible here: `{' '.join(st)}`: {msg}"
+                if name in self.created:
+                    _run(["ip", "netns", "del", name])
+                    self.created.remove(name)
+                return None, self.local_why
+            if st[:3] == ["ip", "netns", "add"]:
+                self.created.append(name)
+        self.local_name = name
+        return name, None
+
     def offload_state(self, offload: bool) -> dict:
         srv, _ = self.names(offload)
         vs, _ = self._veth(offload)
@@ -147,5 +184,6 @@ class Netns:
         for ns in reversed(self.created):
             _run(["ip", "netns", "del", ns])
         self.created = []
+        self.local_name = self.local_why = None
         if self.ok:
             self.ok = None

@@ -221,6 +221,8 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
         note = getattr(exp, "report_note", None)
         if note:
             L += [note, ""]
+        if hasattr(exp, "report_extra"):
+            L += exp.report_extra(erows)
     path = os.path.join(outdir, "report.md")
     with open(path, "w") as fh:
         fh.write("\n".join(L) + "\n")

@@ -70,7 +70,7 @@ def aggregate(exp: Experiment, cfg, p: dict, samples: list[Sample]) -> dict:
     zf = summarize([s.extra.get("zcopy_fraction") for s in good])
     if zf:
         extra["zcopy_fraction"] = zf
-    for k in ("in_flight",):
+    for k in ("in_flight",) + tuple(getattr(exp, "extra_stats", ())):
         st = summarize([s.extra.get(k) for s in good])
         if st:
             extra[k] = st
@@ -92,6 +92,7 @@ def plan(exps: list[Experiment], configs: list, ctx: Ctx) -> list[tuple]:
         params = exp.params(ctx.mode)
         cfgs = [c for c in configs if exp.wants(c)]
         missing = exp.missing_tools()
+        why_not = exp.unavailable_reason(ctx) if not missing else None
         avail, unavail = [], []
         tiny_keep = None
         if ctx.mode == "tiny" and exp.kind == "app":
@@ -105,8 +106,12 @@ def plan(exps: list[Experiment], configs: list, ctx: Ctx) -> list[tuple]:
                                    "SDP configuration only)"))
             elif not c.available:
                 unavail.append((c, c.reason or "not available"))
+            elif exp.skip_reason(c):
+                unavail.append((c, exp.skip_reason(c)))
             elif missing:
                 unavail.append((c, "not installed: " + ", ".join(missing)))
+            elif why_not:
+                unavail.append((c, why_not))
             else:
                 avail.append(c)
         out.append((exp, avail, unavail, params))
@@ -120,6 +125,7 @@ def estimate_seconds(pl: list[tuple], ctx: Ctx) -> float:
         # start-up costs measured on a 2-CPU machine
         per = (ctx.app_dur + 0.4) if exp.kind == "app" else (ctx.dur + 0.04)
         per = {"sockperf": 3.3, "redis": 1.0}.get(exp.name, per)
+        per = exp.est_run_s(ctx) or per
         total += per * len(avail) * (len(params) * exp.reps_for(ctx) + int(exp.warmup_for(ctx)))
     return total
 

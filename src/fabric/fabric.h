@@ -104,6 +104,12 @@ enum fab_wait {
 				      * cancel acknowledged) */
 	FAB_WAIT_ALL    = 0x7,       /* every bit a waiter may arm */
 };
+/* Bits 8-15 of arm/disarm/kick's `what` are kept free for a second route
+ * of the same wake-ups (FAB_WAIT_* << 8): a provider that also delivers
+ * them through a readiness queue shared by many connections (the switch's
+ * epoll would arm that route and read the queue through operations the
+ * provider adds). The engine's own waits (wait.c) use the bits above. */
+#define FAB_WAIT_ROUTE2_SHIFT 8
 
 /*
  * Marks: facts about one side, set by that side only (mark) and read by

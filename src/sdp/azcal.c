@@ -105,10 +105,10 @@ static void *cal_reader(void *arg)
 	(void)arg;
 	for (int served = 0; served < CAL_ROUNDS;) {
 		struct pollfd p = { cal_uffd, POLLIN, 0 };
-		if (poll(&p, 1, 1000) <= 0)
+		if (sys_poll(&p, 1, 1000) <= 0)
 			break;
 		struct uffd_msg m;
-		if (read(cal_uffd, &m, sizeof m) != sizeof m)
+		if (sys_read(cal_uffd, &m, sizeof m) != sizeof m)
 			continue;
 		if (m.event == UFFD_EVENT_PAGEFAULT) {
 			uffd_wp(cal_uffd, cal_page, 4096, false);

@@ -204,6 +204,13 @@ enum {
 };
 int     sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 		 pthread_mutex_t *held);
+/* A receive of this thread that waits with messages still queued (a
+ * MSG_PEEK leaves them there) has looked at the peer's messages up to this
+ * count: its FAB_WAIT_RX is met only by a later one. 0: any message. */
+extern _Thread_local uint64_t sdp_rx_seen;
+/* ... and if not 0, the id of a SrcAvail it refused to read: the source
+ * revoking it (cancel_last reaching it) meets the wait too. */
+extern _Thread_local uint32_t sdp_rx_revoke;
 /* Spin as sdp_wait would before sleeping: 1 met, 0 not, or -errno. */
 int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
@@ -325,6 +332,9 @@ int  sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listen
 void sdp_listener_close(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
+/* Hellos taken from the rendezvous and kept for connections not accepted
+ * yet: each holds the client's memfd (a descriptor of ours). */
+int  sdp_listener_pending(const struct sdp_listener *l);
 /* Accepted TCP socket newfd: SDP connection if its client sent a hello.
  * *refuse < 0: the client said hello but cannot be served (-errno, *why
  * says why): reset the connection rather than keep it TCP on our side

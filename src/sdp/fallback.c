@@ -531,8 +531,14 @@ int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
 		goto done;
 	}
 	r = resend_unconsumed(c, fd);
-	if (!r)
-		r = discard_tokens(ep, fd);
+	if (!r || r == -EPIPE || r == -ECONNRESET) {
+		/* Even when the peer died under our re-send, the wake-up bytes
+		 * it had written are ahead of whatever else it sent us: they
+		 * must not reach the application as data. */
+		int d = discard_tokens(ep, fd);
+		if (!r)
+			r = d;
+	}
 done:
 	if (r && r != -ECONNRESET && r != -EPIPE) {
 		/* The streams cannot be handed over intact: end the TCP

@@ -20,6 +20,9 @@
 #include "sdp/log.h"
 #include "sdp/rx.h"
 
+_Thread_local uint64_t sdp_rx_seen;
+_Thread_local uint32_t sdp_rx_revoke;
+
 /* Read and validate the idx-th pending message header (its payload stays
  * in shared memory: handlers copy out what they use). */
 int rx_hdr(struct sdp_conn *c, uint32_t idx, struct sdp_bsdh *h, const char **payload)
@@ -78,7 +81,8 @@ void rx_release(struct sdp_conn *c, int fd)
 	ep->ops->set_rx_bytes(ep, c->rx_stream);   /* the byte window (tx.c) */
 	ep->ops->rx_release(ep);
 	c->st.rx_msgs++;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by sends (tx.c), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	ep->ops->kick(ep, fd, FAB_WAIT_CREDIT);
 }
 
@@ -133,6 +137,9 @@ static int rx_on_disconn(struct rx_call *rc, const struct sdp_bsdh *h, const cha
 		rx_release(rc->c, rc->fd);
 		atomic_store(&rc->c->rx_eof, 1);
 	}
+	/* A peek that reached it returns what it copied before it, or EOF
+	 * (nothing is consumed, so the FIN's position cannot tell it). */
+	rc->fin_met = rc->peek;
 	return -EAGAIN;
 }
 
@@ -255,15 +262,23 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			r = rc.copied ? 0 : -SDP_EFALLBACK;
 			break;
 		}
+		/* A peek consumes nothing: every pass copies from the head
+		 * again (counting on would hand the same bytes out twice). */
+		if (peek)
+			rc.copied = 0;
 		rx_ack_cancel(c, fd);
 		rc.idx = 0;
 		rc.off = c->rx_off;
+		rc.refused = 0;
+		rc.fin_met = false;
 		r = rx_walk(&rc);
 		if (r == -ECONNRESET)
 			break;
 		if (rc.copied == total && total)
 			{ r = 0; break; }
 		if (rc.copied && !waitall && (rc.copied >= lowat || nonblock))
+			{ r = 0; break; }
+		if (rc.fin_met)
 			{ r = 0; break; }
 		int end = rx_end_state(c);
 		if (end <= 0) {
@@ -281,9 +296,21 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 			break;
 		if (r > 0)
 			continue;                 /* something came: take it */
+		/* A peek left idx messages queued (control messages, or data
+		 * below SO_RCVLOWAT): sleep until there is one more, or the
+		 * wait would find them and return at once, over and over. */
+		/* A SrcAvail we refused stays where it is until the source
+		 * revokes it, and nothing behind it can be read before: sleep
+		 * until the source does, or the wait would find it and return
+		 * at once, over and over. */
+		sdp_rx_seen = rc.refused ? UINT64_MAX :
+			      peek ? c->ep.ops->rx_seq(&c->ep) + rc.idx : 0;
+		sdp_rx_revoke = rc.refused;
 		r = sdp_wait(c, fd, FAB_WAIT_RX,
 			     SDP_WAIT_RCVTIMEO | (rc.copied ? SDP_WAIT_PARTIAL : 0),
 			     &c->rx_lock);
+		sdp_rx_seen = 0;
+		sdp_rx_revoke = 0;
 		if (r)
 			break;
 	}

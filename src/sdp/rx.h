@@ -32,6 +32,9 @@ struct rx_call {
 	bool bounce;                   /* below the zero-copy threshold: read
 					* SrcAvails through a bounce buffer */
 	bool offered;                  /* a SinkAvail of ours is out */
+	/* What one walk of the ring met (reset at each pass): */
+	bool fin_met;                  /* a peek reached the DisConn */
+	uint32_t refused;              /* id of a SrcAvail we refused to read */
 	/* Where the walk of the ring is: */
 	uint32_t idx;                  /* message looked at (peek walks ahead) */
 	uint32_t off;                  /* bytes of it already consumed */

@@ -135,10 +135,15 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 	struct fab_ep *ep = &c->ep;
 	size_t cap;
 	char *buf = ep->ops->tx_buf(ep, &cap);
+	/* A peer whose counters make no sense (shutdown and close post
+	 * without checking) must not make our header break the protocol. */
+	uint32_t pend = ep->ops->rx_pending(ep);
+	if (pend > ep->nslots)
+		pend = ep->nslots;
 	struct sdp_bsdh h = {
 		.mid = mid,
 		.flags = 0,
-		.bufs = (uint16_t)(ep->nslots - ep->ops->rx_pending(ep)),
+		.bufs = (uint16_t)(ep->nslots - pend),
 		.len = (uint32_t)(sizeof h + len),
 		.mseq = ++c->tx_mseq,
 		.mseq_ack = (uint32_t)ep->ops->rx_seq(ep),
@@ -321,7 +326,8 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		c->st.tx_bcopy_bytes += n;
 	}
 	c->st.tx_bytes += done;
-	c->st.credits = ep->ops->credits(ep);
+	/* Also written by receives (rx_release), under the other lock. */
+	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
 	sdp_unlock(&c->tx_lock);
 	sdp_reset_tell(c, fd);
 	sdp_proc_bytes(done, 0);

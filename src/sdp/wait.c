@@ -35,6 +35,23 @@
 #include "sdp/sys.h"
 #include "sdp/log.h"
 
+/* A message the waiting receive has not looked at yet (rx.c: a peek may
+ * leave messages queued; only a newer one can change its answer). */
+static bool rx_more(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	if (sdp_rx_revoke) {
+		struct sdp_zctl *pz = sdp_zc_peer(c);
+		if (atomic_load(&pz->cancel_id) &&
+		    atomic_load(&pz->cancel_last) >= sdp_rx_revoke)
+			return true;
+	}
+	uint32_t n = ep->ops->rx_pending(ep);
+	if (n == 0 || n == UINT32_MAX || !sdp_rx_seen)
+		return n != 0;
+	return ep->ops->rx_seq(ep) + n > sdp_rx_seen;
+}
+
 static bool cond_met(struct sdp_conn *c, unsigned what)
 {
 	struct fab_ep *ep = &c->ep;
@@ -53,8 +70,7 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 		sdp_abort_insane(c, why);
 		return true;
 	}
-	if ((what & FAB_WAIT_RX) &&
-	    (ep->ops->rx_pending(ep) != 0 || (m & FAB_M_FIN_READ)))
+	if ((what & FAB_WAIT_RX) && (rx_more(c) || (m & FAB_M_FIN_READ)))
 		return true;
 	if ((what & FAB_WAIT_CREDIT) && sdp_tx_open(c))   /* credit and window */
 		return true;

@@ -184,9 +184,11 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 		if (got > 0 && (size_t)got < n)
 			n = (size_t)got;      /* a partial copy is progress */
 	}
-	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek) {
+	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek && !async) {
 		/* The kernel will not let us read the source: refuse; it
-		 * revokes its SrcAvails and sends by Buffer Copy instead. */
+		 * revokes its SrcAvails and sends by Buffer Copy instead.
+		 * Not an asynchronous one: its send() returned and nothing
+		 * would revoke it - the read failed (below), as TCP resets. */
 		int e = errno;
 		atomic_store(&z->reading, 0);
 		atomic_store(&z->adv_max, 0);
@@ -302,8 +304,12 @@ int rx_on_srcavail(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 	ssize_t n = read_srcavail(c, rc->fd, pl, rc->off, rc->iov, rc->iovcnt, rc->copied,
 				  rc->total - rc->copied, rc->peek, bounce, !rc->nonblock,
 				  &whole);
+	if (n == -EAGAIN) {                   /* refused: wait for the revocation */
+		rc->refused = sa.id;
+		return -EAGAIN;
+	}
 	if (n < 0)
-		return (int)n;                /* -EAGAIN: refused, wait for the revocation */
+		return (int)n;
 	rc->copied += (size_t)n;
 	if (!rc->peek)
 		c->rx_stream += (uint64_t)n;

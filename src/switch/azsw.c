@@ -113,6 +113,22 @@ static inline bool in_flight(void)
 
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
+	if (__builtin_expect(!az_real_sigaction, 0)) {
+		/* Before the library's start-up: a sanitizer runtime loaded
+		 * ahead of us installs its handlers through us while it is not
+		 * ready for anything but a pass-through. */
+		int (*next)(int, const struct sigaction *, struct sigaction *) =
+			__atomic_load_n(&next_sigaction, __ATOMIC_ACQUIRE);
+		if (!next) {
+			next = (__typeof__(next))dlsym(RTLD_NEXT, "sigaction");
+			if (!next) {
+				errno = ENOSYS;
+				return -1;
+			}
+			__atomic_store_n(&next_sigaction, next, __ATOMIC_RELEASE);
+		}
+		return next(sig, act, old);
+	}
 	need();
 	if (sig == SIGSEGV && az_sigaction(sig, act, old))
 		return 0;

@@ -233,6 +233,7 @@ void fd_before_exec_with(const int *extra, int nextra)
 	for (int fd = 0; fd < hi; fd++) {
 		if (atomic_load(&tab[fd].kind) == FDK_LISTEN && tab[fd].l) {
 			if (inherited(fd, extra, nextra)) {
+				listen_defer_restore(fd);
 				sdp_log(2, "listen fd %d: SDP withdrawn, new connections "
 					"TCP (the listener is inherited across exec)", fd);
 				sdp_listener_withdraw(tab[fd].l);
@@ -307,6 +308,7 @@ void fd_dup(int oldfd, int newfd)
 		fd_set_kind(newfd, k);
 	}
 	atomic_store(&n->opts, atomic_load(&o->opts));
+	atomic_store(&n->defer_s, atomic_load(&o->defer_s));
 }
 
 /* Count each listener this process holds once (several fds may name one

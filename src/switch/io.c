@@ -110,6 +110,7 @@ static void before_pass(const struct msghdr *m)
 				fd_fallback_for(fd, c, "passed to another process (SCM_RIGHTS)");
 			struct fdent *e = fd_get(fd);
 			if (e && atomic_load(&e->kind) == FDK_LISTEN && e->l) {
+				listen_defer_restore(fd);
 				sdp_log(2, "listen fd %d: SDP withdrawn, new connections TCP "
 					"(passed to another process with SCM_RIGHTS)", fd);
 				sdp_listener_withdraw(e->l);

@@ -184,6 +184,7 @@ EXPORT int listen(int fd, int backlog)
 	}
 	fd_set_listen(fd, l);
 	sdp_proc_note_socket();
+	listen_defer_take(fd, l && offer && !said);
 	epoll_drop_pending(fd);               /* a listener never becomes SDP */
 	if (l && offer && !said)
 		sdp_log(2, "listen fd %d: SDP offered", fd);
@@ -337,6 +338,13 @@ static int reserve(int lfd)
 	    getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
 	    (rlim_t)atomic_load(&accept_last) + 64 < rl.rlim_cur)
 		return 0;                     /* plenty of room (the usual case) */
+	/* Hellos already taken hold their memfds: the connections they name
+	 * are the next ones in the kernel's queue, and taking one of those
+	 * needs no further descriptor (its memfd is closed once mapped).
+	 * Asking for spares on top would refuse every accept for ever while
+	 * those hellos hold the very descriptors that are missing. */
+	if (sdp_listener_pending(e->l) > 0)
+		return 0;
 	while (nspare < ACCEPT_SPARE) {
 		int d = sys_fcntl(lfd, F_DUPFD_CLOEXEC, 0);
 		if (d < 0) {
@@ -534,6 +542,9 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	SDP_INIT();
+	int dr;
+	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
+		return dr;
 	struct sdp_conn *c = fd_conn(fd);
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
 	    fd_kind(fd) != FDK_NONE) {
@@ -632,6 +643,9 @@ static int put_int(void *val, socklen_t *len, int v)
 EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
 	SDP_INIT();
+	int dr;
+	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_get(fd, val, len, &dr))
+		return dr;
 	struct sdp_conn *c = fd_conn(fd);
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US) {
 		int k = fd_kind(fd);

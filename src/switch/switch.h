@@ -51,6 +51,10 @@ enum {
 struct fdent {
 	_Atomic uint8_t kind;
 	_Atomic uint8_t opts;
+	/* Listener offering SDP: the TCP_DEFER_ACCEPT the application set, in
+	 * seconds as the kernel reports it, kept off the kernel socket
+	 * (defer.c); 0 none, -1 handed back to the kernel. */
+	_Atomic int32_t defer_s;
 	struct sdp_conn *c;
 	struct sdp_listener *l;
 	struct ep_shadow *ep;
@@ -180,6 +184,14 @@ extern const char *sdp_prog;
 #define X(ret, name, args) extern ret (*real_##name) args;
 REAL_FUNCS(X)
 #undef X
+
+/* defer.c: TCP_DEFER_ACCEPT on listeners that offer SDP */
+/* listen() made fd a listener; offered: it offers SDP */
+void listen_defer_take(int fd, bool offered);
+void listen_defer_restore(int fd);      /* it stops offering SDP */
+/* setsockopt/getsockopt of TCP_DEFER_ACCEPT: true if handled (*r set) */
+bool listen_defer_set(int fd, const void *val, socklen_t len, int *r);
+bool listen_defer_get(int fd, void *val, socklen_t *len, int *r);
 
 /* epoll.c */
 void epoll_forget_fd(int fd);

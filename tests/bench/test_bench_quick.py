@@ -44,7 +44,7 @@ def test_every_experiment_and_config_present(run):
     exps = {e["name"] for e in doc["experiments"]}
     assert {"latency", "stream", "multistream", "perbyte", "hotspot", "fanin", "fanout",
             "multiclient", "overlap", "pagefault", "connrate", "iperf3", "sockperf", "redis",
-            "nginx", "datacenter"} <= exps
+            "nginx", "datacenter", "pfs"} <= exps
     cfgs = {c["name"]: c for c in doc["configs"]}
     assert SDP_CONFIGS <= set(cfgs)
     for name in SDP_CONFIGS:
@@ -108,3 +108,37 @@ def test_namespaces_removed(run):
     p = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True)
     listed = {ln.split()[0] for ln in p.stdout.splitlines() if ln.strip()}
     assert not listed & set(names), listed & set(names)
+
+
+def test_pfs_rows(run):
+    """The parallel file system rows of the tiny run: MooseFS under kernel
+    TCP and under SDP, every client's data checked by sha256, every daemon
+    connection SDP in the SDP row, the bytes counted on the chunk servers'
+    sockets. Nothing about speed."""
+    _, _, doc = run
+    rows = [r for r in doc["rows"] if r["experiment"] == "pfs"]
+    assert rows
+    ran = [r for r in rows if r["available"]]
+    if not ran:
+        pytest.skip("pfs not run here: " + rows[0]["reason"])
+    by = {r["config"]: r for r in ran}
+    assert "tcp" in by and any(c in by for c in SDP_CONFIGS), sorted(by)
+    for name, r in by.items():
+        assert r["valid"], f"{name}: {r['reason']}"
+        clients = r["params"]["clients"]
+        assert len(r["extra"]["sha256"]) == clients
+        assert r["extra"]["read_traveled"]["min"] >= 0.98
+        assert r["extra"]["write_traveled"]["min"] >= 0.98
+        for m in ("read_MBps", "write_MBps", "create_per_s"):
+            assert r["metrics"][m]["median"] > 0
+        if name in SDP_CONFIGS:
+            assert r["transport"] == "sdp"
+            conns = r["extra"]["connections"]
+            for kind in ("chunkserver-master", "client-master", "client-chunkserver"):
+                assert conns[kind]["sdp"] >= 1 and conns[kind]["tcp"] == 0, conns
+            # the daemons' own totals, written into SDP_STATS_DIR at exit
+            exits = r["extra"]["exit_stats"]
+            for comm in ("mfsmaster", "mfschunkserver", "mfsmount"):
+                assert exits[comm]["sdp_conns"] >= 1 and exits[comm]["tcp_conns"] == 0, exits
+        else:
+            assert r["transport"] == "tcp"

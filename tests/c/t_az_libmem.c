@@ -8,6 +8,7 @@
  * policies.
  */
 #include "azlib.h"
+#include <dlfcn.h>
 
 /* The library's writable mappings: its file's, and the anonymous one
  * right after it (its bss). */
@@ -69,11 +70,15 @@ static void send_stack(int c)
 static int scenario(void)
 {
 	uintptr_t s[8], e[8];
-	int n = lib_ranges(s, e, 8);
+	/* Under AddressSanitizer the library's globals are fenced by poisoned
+	 * redzones, which reading them all would trip by design: then only
+	 * the stack is sent. */
+	bool asan = dlsym(RTLD_DEFAULT, "__asan_init") != NULL;
+	int n = asan ? 0 : lib_ranges(s, e, 8);
 	size_t total = 0;
 	for (int i = 0; i < n; i++)
 		total += e[i] - s[i];
-	if (tl_sdp_mode())
+	if (tl_sdp_mode() && !asan)
 		CHECK(n > 0 && total >= 65536, "no writable mapping of libsdp found (%d, %zu)",
 		      n, total);
 	pid_t pid;

@@ -111,6 +111,12 @@ static int scenario(const char *how)
 			CHECK(!u, "a userfaultfd is open");
 	}
 	close(c);
+	close(tc);
+	close(ts);
+	close(l);
+	close(file);
+	close(pp[0]);
+	close(pp[1]);
 	return 0;
 }
 
