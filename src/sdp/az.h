@@ -54,6 +54,19 @@ static inline void *az_mmap(size_t len)
 	return r < 0 && r > -4096 ? MAP_FAILED : (void *)r;
 }
 static inline int az_munmap(void *p, size_t len) { return (int)syscall(SYS_munmap, p, len); }
+/* Fresh pages exactly at addr, or MAP_FAILED (something is there). */
+static inline void *az_mmap_at(uintptr_t addr, size_t len)
+{
+	long r = syscall(SYS_mmap, addr, len, PROT_READ | PROT_WRITE,
+			 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+	if (r < 0 && r > -4096)
+		return MAP_FAILED;
+	if ((uintptr_t)r != addr) {           /* a kernel that took it as a hint */
+		syscall(SYS_munmap, r, len);
+		return MAP_FAILED;
+	}
+	return (void *)r;
+}
 static inline int az_mprotect(uintptr_t a, size_t len, int prot)
 {
 	return (int)syscall(SYS_mprotect, a, len, prot);

@@ -132,7 +132,10 @@ static void ac_free(struct az_conn *ac)
 		}
 	__atomic_store_n(&azc[idx], NULL, __ATOMIC_RELEASE);
 	if (ac->table) {
-		if (atomic_load(&sdp_zc_me(ac->c)->az_table) == (uint64_t)(uintptr_t)ac->table) {
+		/* The address stays published while other processes share
+		 * the connection: theirs may be there too. */
+		if (atomic_load(&ac->c->nproc) <= 1 &&
+		    atomic_load(&sdp_zc_me(ac->c)->az_table) == (uint64_t)(uintptr_t)ac->table) {
 			atomic_store(&sdp_zc_me(ac->c)->az_table, 0);
 			sdp_zc_publish(ac->c, az_table, az_table);
 		}
@@ -391,15 +394,45 @@ bool az_wait_range(uintptr_t start, uintptr_t end, uint32_t max_ms)
 
 /* ---- moving an advertisement aside (copy-on-write) ------------------------- */
 
-/* Under az_lock: our table of moved advertisements for ac, published. */
+/* Tables inherited from the parent by a forked child: kept mapped (their
+ * address is the one published for the connection, which the child's own
+ * table must take) until the child makes its table there. */
+#define AZ_SPARE 16
+static struct { uintptr_t at; size_t len; } spare[AZ_SPARE];
+static int nspare;
+
+static void *spare_take(uintptr_t at, size_t len)
+{
+	for (int i = 0; i < nspare; i++)
+		if (spare[i].at == at && spare[i].len == len) {
+			spare[i] = spare[--nspare];
+			memset((void *)at, 0, len);
+			return (void *)at;
+		}
+	return MAP_FAILED;
+}
+
+/* Under az_lock: our table of moved advertisements for ac, published.
+ * One address is published per side of a connection, but every process
+ * that shares the connection (fork) may have to move its own
+ * advertisements: each keeps its table at that same address in its own
+ * memory (the sink reads the table of the SrcAvail's key process). So a
+ * table is made where the published one is, if that is free here. */
 static bool table_ready(struct az_conn *ac)
 {
 	struct sdp_conn *c = ac->c;
 	struct sdp_zctl *z = sdp_zc_me(c);
+	bool alone = atomic_load(&c->nproc) <= 1;
 	if (!ac->table) {
 		uint32_t n = c->ep.nslots;
 		size_t len = PG_UP(sizeof(struct sdp_az_thdr) + (size_t)n * sizeof(struct sdp_az_tent));
-		void *p = az_mmap(len);
+		uint64_t at = atomic_load(&z->az_table);
+		void *p = at ? spare_take((uintptr_t)at, len) : MAP_FAILED;
+		bool lib = p != MAP_FAILED;           /* a spare is listed already */
+		if (p == MAP_FAILED && at)
+			p = az_mmap_at((uintptr_t)at, len);
+		if (p == MAP_FAILED && (!at || alone))
+			p = az_mmap(len);             /* anywhere: ours is published */
 		if (p == MAP_FAILED)
 			return false;
 		ac->table = p;
@@ -407,13 +440,14 @@ static bool table_ready(struct az_conn *ac)
 		ac->table->magic = SDP_AZ_TABLE_MAGIC;
 		ac->table->pid = (int32_t)sdp_pid;
 		ac->table->nslots = n;
-		az_lib_add((uintptr_t)p, len);
+		if (!lib)
+			az_lib_add((uintptr_t)p, len);
 	}
 	uint64_t mine = (uint64_t)(uintptr_t)ac->table, cur = atomic_load(&z->az_table);
 	if (cur == mine)
 		return true;
-	if (cur != 0)
-		return false;                 /* another process's (fork): it moves, not us */
+	if (cur != 0 && !alone)
+		return false;                 /* another process's, not free here */
 	atomic_store(&z->az_table, mine);
 	sdp_zc_publish(c, az_table, az_table);
 	return true;
@@ -583,6 +617,11 @@ static int advertise(struct sdp_conn *c, int fd, uintptr_t p, size_t n)
 	if (!r)
 		r = az_span_hold(p, p + n, AZ_SEND);
 	if (!r) {
+		/* The table of moved advertisements is made before it is
+		 * needed, so that a child forked from now on finds its
+		 * address free and can keep its own there. */
+		if (!ac->table)
+			table_ready(ac);
 		slot->id = ++c->src_id;
 		slot->len = (uint32_t)n;
 		slot->app = p;
@@ -891,11 +930,25 @@ static void end_held(bool cloexec_only)
 	az_drain(10000);
 	for (int i = 0; i < n; i++) {
 		struct fab_ep *ep = &cs[i]->ep;
-		uint64_t until = sdp_now_ns() + 100000000ull;
-		while (ep->ops->tokens_due(ep) && sdp_now_ns() < until) {
+		/* Nothing more is waited for: no further kick may send a
+		 * token. One that took our arm bit just before is counted
+		 * (tokens_due) a moment after it took it - the peer's last
+		 * read publishes rd_done, then kicks: a short grace covers
+		 * the count still to come. */
+		ep->ops->disarm(ep, FAB_WAIT_ALL);
+		uint64_t now = sdp_now_ns();
+		uint64_t until = now + 100000000ull, grace = now + 5000000ull;
+		for (;;) {
+			bool due = ep->ops->tokens_due(ep) != 0;
+			now = sdp_now_ns();
+			if (now >= until || (!due && now >= grace))
+				break;
 			struct pollfd p = { .fd = fds[i], .events = POLLIN };
-			if (sys_poll(&p, 1, 10) > 0)
-				ep->ops->drain(ep, fds[i]);
+			if (sys_poll(&p, 1, due ? 10 : 1) > 0) {
+				int d = ep->ops->drain(ep, fds[i]);
+				if (d == 1 || (d < 0 && d != -EAGAIN && d != -EINTR))
+					break;                /* the peer closed or is gone */
+			}
 		}
 	}
 }
@@ -943,8 +996,15 @@ void az_fork_child(void)
 					az_munmap((void *)ac->adv[k].bounce, PG_UP(ac->adv[k].len));
 			if (ac->linger_fd >= 0)
 				sys_close(ac->linger_fd);   /* the parent's to keep */
-			if (ac->table)
-				az_munmap(ac->table, ac->table_len);
+			if (ac->table) {
+				/* kept: its address is where ours must go */
+				if (nspare < AZ_SPARE) {
+					spare[nspare].at = (uintptr_t)ac->table;
+					spare[nspare++].len = ac->table_len;
+				} else {
+					az_munmap(ac->table, ac->table_len);
+				}
+			}
 			azc[live[i]] = NULL;
 			az_munmap(ac, sizeof *ac);
 		}

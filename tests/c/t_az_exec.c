@@ -16,6 +16,7 @@ static void rx(int s, void *arg)
 {
 	const char *how = arg;
 	uint8_t *r = az_buf(SZ, 0);
+	az_gate_pass(1);                          /* our copy of the sender's end is closed */
 	az_gate_wait(0);
 	uint64_t n = !strcmp(how, "inherit") ? 8 : 4;
 	for (uint64_t k = 0; k < n; k++)
@@ -59,6 +60,9 @@ static int scenario(char **argv0, const char *how)
 		tl_send_all(c, b, SZ);
 	}
 	memset(b, 0xEE, SZ);
+	/* The exec must find the connection ours alone (the receiver's
+	 * process closed its inherited copy), as the scenario says. */
+	az_gate_wait(1);
 	az_gate_pass(0);
 	char fd[16], p[16];
 	snprintf(fd, sizeof fd, "%d", c);
