@@ -277,6 +277,13 @@ struct fab_ops {
 	uint32_t (*peer_rcvbuf)(struct fab_ep *ep);
 	void     (*set_tx_limited)(struct fab_ep *ep, bool on);
 	bool     (*peer_tx_limited)(struct fab_ep *ep);
+	/* One more such word, for the end of the connection: our socket
+	 * closes with a reset (SO_LINGER on with 0 s), so that a peer whose
+	 * process ended without closing (the kernel closed its socket with a
+	 * reset) can tell a reset TCP would have sent from one only our
+	 * unread wake-ups caused (see tokens_unread). */
+	void     (*set_linger0)(struct fab_ep *ep, bool on);
+	bool     (*peer_linger0)(struct fab_ep *ep);
 
 	/* ---- marks and the peer's sanity --------------------------------- */
 
@@ -363,6 +370,12 @@ struct fab_ops {
 	 * outside the library: the stream cannot be handed over). */
 	uint64_t (*tokens_due)(struct fab_ep *ep);
 	int      (*tokens_took)(struct fab_ep *ep, const void *buf, size_t n);
+	/* The other way round: tokens we put on the TCP socket that the peer
+	 * has not consumed (0 for a provider whose wake-ups never travel on
+	 * it). A peer process that ends without closing leaves them unread
+	 * in its socket, and its kernel then closes with a reset where TCP,
+	 * whose receive queue never held them, closes with a FIN. Lock-free. */
+	uint64_t (*tokens_unread)(struct fab_ep *ep);
 
 	/* ---- fallback to TCP ------------------------------------------------ */
 

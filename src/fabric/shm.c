@@ -63,6 +63,15 @@ static uint64_t shm_tokens_due(struct fab_ep *ep)
 	return sent > got ? sent - got : 0;
 }
 
+/* Tokens we sent that the peer has not consumed (its count may be a
+ * dead process's last word). */
+static uint64_t shm_tokens_unread(struct fab_ep *ep)
+{
+	uint64_t sent = atomic_load(&me(ep)->tokens_sent) & ~TOKENS_FROZEN;
+	uint64_t got = atomic_load(&peer(ep)->tokens_rcvd);
+	return sent > got ? sent - got : 0;
+}
+
 static void took(struct fab_ep *ep, uint64_t n)
 {
 	atomic_fetch_add(&SE(ep)->my_tokens_rcvd, n);     /* copy first */
@@ -436,6 +445,16 @@ static uint32_t shm_peer_rcvbuf(struct fab_ep *ep)
 	return atomic_load_explicit(&peer(ep)->rcvbuf, memory_order_relaxed);
 }
 
+static void shm_set_linger0(struct fab_ep *ep, bool on)
+{
+	atomic_store(&me(ep)->linger0, on);
+}
+
+static bool shm_peer_linger0(struct fab_ep *ep)
+{
+	return atomic_load_explicit(&peer(ep)->linger0, memory_order_acquire) != 0;
+}
+
 static void shm_set_tx_limited(struct fab_ep *ep, bool on)
 {
 	if (atomic_load_explicit(&me(ep)->tx_limited, memory_order_relaxed) != on)
@@ -756,6 +775,8 @@ const struct fab_ops fab_shm_ops = {
 	.peer_rcvbuf     = shm_peer_rcvbuf,
 	.set_tx_limited  = shm_set_tx_limited,
 	.peer_tx_limited = shm_peer_tx_limited,
+	.set_linger0     = shm_set_linger0,
+	.peer_linger0    = shm_peer_linger0,
 	/* marks */
 	.mark        = shm_mark,
 	.marks       = shm_marks,
@@ -779,6 +800,7 @@ const struct fab_ops fab_shm_ops = {
 	.kick_owed   = shm_kick_owed,
 	.tokens_due  = shm_tokens_due,
 	.tokens_took = shm_tokens_took,
+	.tokens_unread = shm_tokens_unread,
 	/* fallback */
 	.fb_publish  = shm_fb_publish,
 	.fb_peer_pos = shm_fb_peer_pos,

@@ -40,7 +40,9 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint32_t rcvbuf;      /* SO_RCVBUF, bytes as getsockopt reports
 				       * it, if the application set it; 0 = not
 				       * set (TCP: sk_rcvbuf with SOCK_RCVBUF_LOCK) */
-	char pad1[44];
+	_Atomic uint32_t linger0;     /* 1: our socket closes with a reset
+				       * (TCP: SOCK_LINGER with sk_lingertime 0) */
+	char pad1[40];
 	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
 	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
 	_Atomic uint64_t fin_seq;     /* prod value when fin was set */

@@ -61,6 +61,14 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 	return 0;
 }
 
+void sdp_linger_set(struct sdp_conn *c, bool zero)
+{
+	atomic_store(&c->linger0, zero);
+	/* For a peer that sees our socket reset when our process ends
+	 * without closing it (wait.c). */
+	c->ep.ops->set_linger0(&c->ep, zero);
+}
+
 void sdp_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;

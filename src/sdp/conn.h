@@ -213,6 +213,12 @@ extern _Thread_local uint64_t sdp_rx_seen;
 extern _Thread_local uint32_t sdp_rx_revoke;
 /* Spin as sdp_wait would before sleeping: 1 met, 0 not, or -errno. */
 int     sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held);
+/* A bounded wait for a zero-copy hand-off, keeping the caller's lock:
+ * until met(c, arg), the connection's end (0 either way: look), or the
+ * deadline (ns: -ETIMEDOUT); spins, then sleeps on the wake-up for what. */
+int     sdp_wait_until(struct sdp_conn *c, int fd, unsigned what,
+		       bool (*met)(struct sdp_conn *c, void *arg), void *arg,
+		       uint64_t deadline);
 void    sdp_conn_abort(struct sdp_conn *c, int err);
 /* The peer's state failed its provider's peer_sane check (why: what). */
 void    sdp_abort_insane(struct sdp_conn *c, const char *why);
@@ -292,6 +298,8 @@ ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int n
 
 /* ---- close.c -------------------------------------------------------------- */
 int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
+/* SO_LINGER on with 0 s (zero), or not: the last close resets. */
+void sdp_linger_set(struct sdp_conn *c, bool zero);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
 void sdp_release(struct sdp_conn *c, int fd);
 /* The end of the last release (after the FIN or abort): stop wake-ups,

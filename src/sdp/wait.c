@@ -52,24 +52,36 @@ static bool rx_more(struct sdp_conn *c)
 	return ep->ops->rx_seq(ep) + n > sdp_rx_seen;
 }
 
-static bool cond_met(struct sdp_conn *c, unsigned what)
+/* A condition of the caller's own (sdp_wait_until). */
+struct wait_for {
+	bool (*met)(struct sdp_conn *c, void *arg);
+	void *arg;
+};
+
+/* The wait is over: what it waits for happened, or the connection ended
+ * (wf: only a reset or the peer's end - the caller holds its lock, so
+ * neither side's fallback can start). */
+static bool cond_met(struct sdp_conn *c, unsigned what, const struct wait_for *wf)
 {
 	struct fab_ep *ep = &c->ep;
 	if (atomic_load_explicit(&c->peer_gone, memory_order_relaxed) ||
 	    atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_RESET ||
-	    atomic_load_explicit(&c->fb_done, memory_order_relaxed))
+	    (!wf && atomic_load_explicit(&c->fb_done, memory_order_relaxed)))
 		return true;
 	/* The peer's abort, either side's fallback, and for a receive the
 	 * peer's FIN after everything we read: one look at the marks. */
-	unsigned m = ep->ops->marks(ep, FAB_M_ABORT | FAB_M_FB | FAB_MY(FAB_M_FB) |
-				    ((what & FAB_WAIT_RX) ? FAB_M_FIN_READ : 0));
-	if (m & (FAB_M_ABORT | FAB_M_FB | FAB_MY(FAB_M_FB)))
+	unsigned fb = wf ? 0 : FAB_M_FB | FAB_MY(FAB_M_FB);
+	unsigned m = ep->ops->marks(ep, FAB_M_ABORT | fb |
+				    ((what & FAB_WAIT_RX) && !wf ? FAB_M_FIN_READ : 0));
+	if (m & (FAB_M_ABORT | fb))
 		return true;
 	const char *why;
 	if (!ep->ops->peer_sane(ep, &why)) {
 		sdp_abort_insane(c, why);
 		return true;
 	}
+	if (wf)
+		return wf->met(c, wf->arg);
 	if ((what & FAB_WAIT_RX) && (rx_more(c) || (m & FAB_M_FIN_READ)))
 		return true;
 	if ((what & FAB_WAIT_CREDIT) && sdp_tx_open(c))   /* credit and window */
@@ -80,15 +92,56 @@ static bool cond_met(struct sdp_conn *c, unsigned what)
 	return false;
 }
 
+/* Had the peer taken in everything we sent, as TCP counts it: every
+ * message we posted, or all but our DisConn (a FIN is not data: a TCP
+ * socket closed with only a FIN unread closes with a FIN)? */
+static bool peer_read_all(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	if (sdp_marked(c, FAB_M_CAUGHT_UP))
+		return true;
+	uint64_t seq = ep->ops->tx_seq(ep);
+	if (!atomic_load(&c->tx_shut) || seq == 0 ||
+	    ep->ops->credits(ep) + 1 != ep->nslots)
+		return false;                 /* more than one message unread */
+	struct sdp_bsdh h;                    /* the last one we posted */
+	memcpy(&h, ep->ops->tx_msg(ep, seq - 1), sizeof h);
+	return h.mid == SDP_MID_DISCONN;
+}
+
+/*
+ * The peer's socket reset: was it only our wake-up tokens? A process that
+ * ends without closing (exit, a signal) leaves its socket to the kernel,
+ * which resets a connection whose receive queue holds unread bytes - here
+ * tokens of ours, which TCP's queue would never have held. TCP would have
+ * closed with a FIN. So the reset is the peer's orderly end when tokens of
+ * ours were unread, the peer had read everything we sent, had not reset
+ * the connection itself (abort mark, or SO_LINGER 0, which resets on TCP
+ * too), and neither side had started a fallback (the socket then carries
+ * stream bytes). Otherwise it stays a reset.
+ */
+static bool reset_by_tokens(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return !sdp_marked(c, FAB_M_ABORT | FAB_M_FB | FAB_MY(FAB_M_FB)) &&
+	       !ep->ops->peer_linger0(ep) && ep->ops->tokens_unread(ep) > 0 &&
+	       peer_read_all(c);
+}
+
 /* The peer's TCP socket closed (r = 1: FIN) or reset (r < 0). If the peer
  * closed through SDP (DisConn) this is the orderly end. If not, its process
  * died: as the kernel does, a peer that left our data unread resets. */
 static void note_wakeup_result(struct sdp_conn *c, int r)
 {
+	if (r == -ECONNRESET && reset_by_tokens(c)) {
+		sdp_log(2, "peer's TCP socket reset over our unread wake-ups only: "
+			"its end, as TCP's FIN");
+		r = 1;
+	}
 	if (r == 1) {
 		uint32_t z = 0;
 		/* No FIN, our data unread, no fallback: the peer died. */
-		bool reset = !sdp_marked(c, FAB_M_FIN | FAB_M_CAUGHT_UP | FAB_M_FB);
+		bool reset = !sdp_marked(c, FAB_M_FIN | FAB_M_FB) && !peer_read_all(c);
 		if (atomic_compare_exchange_strong(&c->peer_gone, &z, reset ? 2 : 1))
 			sdp_log(1, "peer's TCP socket closed%s", reset ?
 				" before its data was read: reset" : "");
@@ -111,7 +164,7 @@ bool sdp_take_reset(struct sdp_conn *c)
 }
 
 static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what,
-			 unsigned flags);
+			 unsigned flags, const struct wait_for *wf, uint64_t deadline);
 
 static void wake_others(struct sdp_conn *c)
 {
@@ -168,7 +221,7 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 	 * close, shutdown or a fallback from another thread or process must
 	 * not wait for a blocked recv/send. The caller re-reads its state. */
 	sdp_unlock(held);
-	int ret = wait_unlocked(c, fd, what, flags);
+	int ret = wait_unlocked(c, fd, what, flags, NULL, 0);
 	int r = sdp_lock(held);
 	return ret ? ret : r;
 }
@@ -318,7 +371,8 @@ static bool still_copying(void *arg)
 /* The spin before a sleep: true if the condition came true. With
  * until_shared, give up as soon as a yield shows that another task wants
  * our CPU. */
-static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
+static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared,
+		       const struct wait_for *wf)
 {
 	uint32_t max = atomic_load_explicit(&c->spin_us, memory_order_relaxed);
 	uint32_t spin = sdp_spin_budget(&c->spin_cur, &c->spin_waits, max);
@@ -341,7 +395,7 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 	sp.arg = &cw;
 	sp.ext_end = sp.start + SDP_BUSY_SPIN_US * 1000ull;
 	for (;;) {
-		if (cond_met(c, what)) {
+		if (cond_met(c, what, wf)) {
 			sdp_spin_result(&c->spin_cur, max, true, sp.contended);
 			return true;
 		}
@@ -354,7 +408,7 @@ static bool spin_phase(struct sdp_conn *c, unsigned what, bool until_shared)
 			return false;
 		}
 		/* The copy may have ended since the check. */
-		bool met = cond_met(c, what);
+		bool met = cond_met(c, what, wf);
 		sdp_spin_result(&c->spin_cur, max, met, sp.contended);
 		return met;
 	}
@@ -370,29 +424,54 @@ int sdp_spin(struct sdp_conn *c, unsigned what, pthread_mutex_t *held)
 	if (sdp_spin_cpu_shared())
 		return 0;
 	sdp_unlock(held);
-	bool met = spin_phase(c, what, true);
+	bool met = spin_phase(c, what, true, NULL);
 	int r = sdp_lock(held);
 	return r ? r : met;
 }
 
-static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned flags)
+/* deadline: 0, or the caller's own (ns; with wf), instead of the
+ * socket's timeouts. */
+/*
+ * A wait for a zero-copy hand-off to finish, which its caller cannot leave
+ * and must not let another thread or process step into (it keeps its lock
+ * throughout): the RdmaWrCompl of a SinkAvail the source took, the answer
+ * to a SrcAvailCancel. The peer's part takes one copy's time, so spin as a
+ * wait does (through the peer's copy), then sleep on the connection's
+ * wake-up: a peer that is stopped (SIGSTOP, a debugger) or slow costs no
+ * CPU. Signals do not end it. 0 when met(c, arg) holds or the connection
+ * ended (reset, the peer gone: the caller looks which), -ETIMEDOUT at
+ * deadline (ns).
+ */
+int sdp_wait_until(struct sdp_conn *c, int fd, unsigned what,
+		   bool (*met)(struct sdp_conn *c, void *arg), void *arg,
+		   uint64_t deadline)
+{
+	struct wait_for wf = { met, arg };
+	for (;;) {
+		int r = wait_unlocked(c, fd, what, 0, &wf, deadline);
+		if (r == 0)
+			return 0;
+		if (r == -EAGAIN || sdp_now_ns() >= deadline)
+			return -ETIMEDOUT;
+		/* -EINTR: not the application's wait; go on */
+	}
+}
+
+static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
+			 const struct wait_for *wf, uint64_t deadline)
 {
 	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
 	struct fab_ep *ep = &c->ep;
-	if (spin_phase(c, what, false)) {
+	if (spin_phase(c, what, false, wf)) {
 		sdp_reset_tell(c, fd);
 		return 0;
 	}
 
-	/* Deadline: SO_SNDTIMEO for sends (tracked), SO_RCVTIMEO for receives
-	 * (the kernel applies it to the watcher; futex sleepers read it). */
-	uint64_t deadline = 0;
-	if (!use_rcvtimeo) {
-		int64_t to = atomic_load(&c->sndtimeo_us);
-		if (to > 0)
-			deadline = sdp_now_ns() + (uint64_t)to * 1000;
-	} else {
-		int64_t to = atomic_load(&c->rcvtimeo_us);
+	/* Deadline, unless the caller has its own: SO_SNDTIMEO for sends
+	 * (tracked), SO_RCVTIMEO for receives (the kernel applies it to the
+	 * watcher; futex sleepers read it). */
+	if (!deadline) {
+		int64_t to = atomic_load(use_rcvtimeo ? &c->rcvtimeo_us : &c->sndtimeo_us);
 		if (to > 0)
 			deadline = sdp_now_ns() + (uint64_t)to * 1000;
 	}
@@ -404,7 +483,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 		uint32_t gen = atomic_load(&c->wake_gen);
 		ep->ops->arm(ep, what);
 		bool watching = sdp_watch(c);
-		if (cond_met(c, what)) {
+		if (cond_met(c, what, wf)) {
 			if (watching)
 				sdp_unwatch(c);
 			break;

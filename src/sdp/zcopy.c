@@ -241,12 +241,27 @@ void zc_post_mode(struct sdp_conn *c, int fd)
 	c->mode_msg = 0;
 }
 
+/* Has the sink answered the cancel of ids r[0]..r[1]? It marks the
+ * SrcAvail it reads before checking for a cancel (and clears the mark
+ * after publishing rd_bytes): if none of ours is being read, it never
+ * will be, and rd_bytes is final. */
+static bool cancel_answered(struct sdp_conn *c, void *arg)
+{
+	const uint32_t *r = arg;
+	struct sdp_zctl *pz = sdp_zc_peer(c);
+	if (atomic_load(&pz->cancel_ack) == r[0])
+		return true;
+	uint32_t rd = atomic_load(&pz->reading);
+	return rd == 0 || rd < r[0] || rd > r[1] ||
+	       atomic_load(&pz->rd_done) >= r[1];    /* all read before the cancel */
+}
+
 /* Revoke advertisements first..last; wait (bounded) for the sink's ack.
  * Returns 0, or -ECONNRESET when the sink never answered (aborted). */
 static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t last)
 {
 	struct fab_ep *ep = &c->ep;
-	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
+	struct sdp_zctl *z = sdp_zc_me(c);
 	if (last > atomic_load(&z->cancel_last)) {
 		atomic_store(&z->cancel_last, last);   /* only grows */
 		sdp_zc_publish(c, cancel_last, cancel_last);
@@ -254,38 +269,21 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 	atomic_store(&z->cancel_id, first);   /* seq_cst: before reading "reading" */
 	sdp_zc_publish(c, cancel_id, cancel_id);
 	ep->ops->kick(ep, fd, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
+	/* The sink answers within one read's time: spin through it, then
+	 * sleep on the wake-up its answer brings (a stopped sink costs no
+	 * CPU), keeping tx_lock: no other send may advertise meanwhile. */
 	uint64_t deadline = sdp_now_ns() + SDP_CANCEL_WAIT_MS * 1000000ull;
-	while (atomic_load(&pz->cancel_ack) != first) {
-		/* The sink marks the SrcAvail it reads before checking for a
-		 * cancel (and clears it after publishing rd_bytes): if none of
-		 * ours is being read, it never will be, and rd_bytes is final. */
-		uint32_t rd = atomic_load(&pz->reading);
-		if (rd == 0 || rd < first || rd > last)
-			return 0;
-		if (atomic_load(&pz->rd_done) >= last)
-			return 0;                 /* all read before the cancel landed */
+	uint32_t range[2] = { first, last };
+	while (!cancel_answered(c, range)) {
 		if (sdp_is_reset(c) || atomic_load(&c->peer_gone))
 			return -ECONNRESET;
-		if (sdp_now_ns() > deadline) {
+		if (sdp_wait_until(c, fd, FAB_WAIT_ZC, cancel_answered, range,
+				   deadline) == -ETIMEDOUT) {
 			sdp_log(0, "SrcAvailCancel not answered in %d ms: connection aborted",
 				SDP_CANCEL_WAIT_MS);
 			sdp_conn_abort(c, ECONNRESET);
 			return -ECONNRESET;
 		}
-		/* Only the watcher may take tokens off the socket (another
-		 * thread's wake-up could be among them); otherwise nap. */
-		ep->ops->arm(ep, FAB_WAIT_ZC);
-		bool watching = sdp_watch(c);
-		if (atomic_load(&pz->cancel_ack) != first) {
-			struct pollfd p = { .fd = fd, .events = POLLIN };
-			struct timespec nap = { 0, 1000000 };
-			if (!watching)
-				nanosleep(&nap, NULL);
-			else if (sys_poll(&p, 1, 20) > 0)
-				sdp_on_wakeup(c, fd);
-		}
-		if (watching)
-			sdp_unwatch(c);
 	}
 	return 0;
 }

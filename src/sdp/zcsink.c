@@ -88,9 +88,9 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 		sdp_zc_publish(c, rd_done, rd_done);
 		sdp_zc_publish(c, reading, reading);
 		/* The source may wait for rd_done to make room for its
-		 * next advertisement. */
-		if (!peek)
-			ep->ops->kick(ep, fd, FAB_WAIT_ZC);
+		 * next advertisement, or for our read mark to go (its
+		 * cancel): every clear of the mark kicks. */
+		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 		return 0;
 	}
 	size_t n = sa.len - off;
@@ -99,6 +99,7 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	if (n == 0) {
 		atomic_store(&z->reading, 0);
 		sdp_zc_publish(c, reading, reading);
+		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 		return 0;
 	}
 	/* The key must be a process that holds the far end of this
@@ -228,8 +229,7 @@ failed:
 	}
 	atomic_store(&z->reading, 0);         /* after rd_bytes is published */
 	sdp_zc_publish(c, reading, reading);
-	if (!peek)
-		ep->ops->kick(ep, fd, FAB_WAIT_ZC);
+	ep->ops->kick(ep, fd, FAB_WAIT_ZC);
 	return (ssize_t)n;
 }
 
@@ -382,6 +382,13 @@ int rx_sink_before_wait(struct rx_call *rc)
 /* How long a taken SinkAvail may go without its RdmaWrCompl. */
 #define SINK_WRITE_NS 2000000000ull
 
+/* Something came (or the peer's counters make no sense: rx_hdr says). */
+static bool msg_pending(struct sdp_conn *c, void *arg)
+{
+	(void)arg;
+	return c->ep.ops->rx_pending(&c->ep) != 0;
+}
+
 int rx_sink_end(struct rx_call *rc, int r)
 {
 	struct sdp_conn *c = rc->c;
@@ -390,7 +397,8 @@ int rx_sink_end(struct rx_call *rc, int r)
 	/* The source is writing into our buffer now: its RdmaWrCompl follows
 	 * the write. Only messages without stream bytes can come before it
 	 * (a SrcAvail revoked before the source took the buffer, a
-	 * ModeChange): the walk's handlers take them, and the RdmaWrCompl. */
+	 * ModeChange): the walk's handlers take them, and the RdmaWrCompl.
+	 * The rx_lock stays held: no other reader may see the RdmaWrCompl. */
 	uint64_t deadline = sdp_now_ns() + SINK_WRITE_NS;
 	while (rc->offered) {
 		struct sdp_bsdh h;
@@ -399,30 +407,38 @@ int rx_sink_end(struct rx_call *rc, int r)
 		int k = 0;
 		rc->idx = 0;
 		rc->off = 0;
-		if (hr == 0 && h.mid == SDP_MID_RDMA_WR_COMPL)
+		if (hr == 0 && h.mid == SDP_MID_RDMA_WR_COMPL) {
 			k = rx_on_wrcompl(rc, &h, pl);
-		else if (hr == 0 && h.mid == SDP_MID_MODE_CHANGE)
+		} else if (hr == 0 && h.mid == SDP_MID_MODE_CHANGE) {
 			k = rx_on_modechange(rc, &h, pl);
-		else if (hr == 0 && h.mid == SDP_MID_SRC_AVAIL && srcavail_revoked(c, pl))
+		} else if (hr == 0 && h.mid == SDP_MID_SRC_AVAIL && srcavail_revoked(c, pl)) {
 			k = rx_on_srcavail(rc, &h, pl);
-		else if (sdp_now_ns() > deadline || sdp_is_reset(c)) {
-			if (!sdp_is_reset(c))
-				sdp_log(0, "no RdmaWrCompl for a taken SinkAvail "
-					"(head message %d): connection aborted",
-					hr == 0 ? (int)h.mid : -1);
-			sdp_conn_abort(c, ECONNRESET);
-			return r;
-		} else {
-			/* The write takes one copy's time; past a millisecond
-			 * (a stopped source, or a state a third process
-			 * wrote), wait without taking the CPU. */
-			if (sdp_now_ns() + SINK_WRITE_NS - 1000000ull > deadline) {
-				struct timespec nap = { 0, 200000 };
-				nanosleep(&nap, NULL);
-			} else {
-				sdp_cpu_relax();
+		} else if (hr == -EAGAIN && !sdp_is_reset(c) && !atomic_load(&c->peer_gone)) {
+			/* Nothing yet: the write takes one copy's time. Spin
+			 * through it, then sleep on the wake-up its message
+			 * brings: a stopped source (or a state a third
+			 * process wrote) costs no CPU. */
+			if (sdp_wait_until(c, rc->fd, FAB_WAIT_RX, msg_pending, NULL,
+					   deadline) == -ETIMEDOUT) {
+				sdp_log(0, "no RdmaWrCompl for a taken SinkAvail in %llu ms: "
+					"connection aborted", SINK_WRITE_NS / 1000000);
+				sdp_conn_abort(c, ECONNRESET);
+				return r;
 			}
 			continue;
+		} else if (hr == -EAGAIN && msg_pending(c, NULL)) {
+			continue;                 /* posted just before the source went */
+		} else {
+			/* Reset, the source gone, or a message that may not
+			 * come before the RdmaWrCompl: it never will. */
+			if (!sdp_is_reset(c) && hr == 0)
+				sdp_log(0, "message %u before the RdmaWrCompl of a taken "
+					"SinkAvail: connection aborted", h.mid);
+			else if (!sdp_is_reset(c))
+				sdp_log(0, "the source went away with our SinkAvail taken: "
+					"connection aborted");
+			sdp_conn_abort(c, ECONNRESET);
+			return r;
 		}
 		if (k < 0)
 			return k;                 /* aborted */

@@ -644,6 +644,14 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 	for (;;) {
 		int n = scan(s, ev, max);
 		if (!spun && !n) {
+			/* The other members may be ready at once: then the
+			 * call ends without a spin, and counts as none (a
+			 * spin's hit restores the budget). */
+			int r = kernel_wait(epfd, ev, max, &zero, mask);
+			if (r > 0 && (n = filter(s, ev, r)) > 0)
+				return n < max ? n + scan(s, ev + n, max - n) : n;
+		}
+		if (!spun && !n) {
 			/* A scan costs a look at every member: relax longer
 			 * between two, and read the clock after each. */
 			struct sdp_spin sp;

@@ -178,22 +178,30 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		sdp_spin_start(&sp, spin, deadline, 64, 1, 0);
 		for (;;) {
 			if (sdp_scan(fds, n, cs, NULL)) {
-				sdp_spin_result(&tcur, max, true, sp.contended);
+				/* Only a spin that waited and then found readiness
+				 * paid off. Found at the first look, nothing was
+				 * spun: the budget stays as it is (restoring it made
+				 * a loop alternating "ready at once" and "nothing
+				 * yet" spin the full budget every other call). */
+				if (sp.n)
+					sdp_spin_result(&tcur, max, true, sp.contended);
 				r = merge_others(fds, n, cs, tmp, &zero, mask);
 				goto out;
 			}
-			int st = sdp_spin_step(&sp);
-			if (st == SDP_SPIN_OVER)
-				break;
 			/* The other descriptors count too: ask the kernel
-			 * about them, without waiting. */
-			if (st == SDP_SPIN_TICK && (nfds_t)nsdp < n && !(sp.n & 255)) {
+			 * about them, without waiting - at the first look (one
+			 * ready at once ends the call before any spin, and
+			 * counts as no spin), then every 256 steps. */
+			if ((nfds_t)nsdp < n && !(sp.n & 255)) {
 				r = merge_others(fds, n, cs, tmp, &zero, mask);
 				if (r != 0) {
-					sdp_spin_result(&tcur, max, r > 0, sp.contended);
+					if (sp.n)
+						sdp_spin_result(&tcur, max, r > 0, sp.contended);
 					goto out;
 				}
 			}
+			if (sdp_spin_step(&sp) == SDP_SPIN_OVER)
+				break;
 		}
 		sdp_spin_result(&tcur, max, false, sp.contended);
 	}

@@ -68,6 +68,13 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 		tl = sizeof tv;
 		if (sys_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &tl) == 0)
 			atomic_store(&c->sndtimeo_us, (int64_t)tv.tv_sec * 1000000 + tv.tv_usec);
+		/* SO_LINGER (also inherited from a listener): a close that
+		 * resets must reset over SDP too. */
+		struct linger lg;
+		tl = sizeof lg;
+		if (sys_getsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, &tl) == 0 &&
+		    lg.l_onoff && lg.l_linger == 0)
+			sdp_linger_set(c, true);
 	}
 	/* The TCP socket now only carries 1-byte wake-up tokens: Nagle or a
 	 * cork would hold them back behind delayed ACKs. The application's
@@ -608,7 +615,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 			     (int64_t)tv->tv_sec * 1000000 + tv->tv_usec);
 	}
 	if (r == 0 && !c && level == SOL_SOCKET &&
-	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO))
+	    (name == SO_SNDTIMEO || name == SO_RCVTIMEO || name == SO_LINGER))
 		fd_opt_set(fd, OPT_TIMEO, true);
 	if (r == 0 && level == SOL_SOCKET &&
 	    (name == SO_SNDBUF || name == SO_SNDBUFFORCE ||
@@ -624,7 +631,7 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (r == 0 && c && level == SOL_SOCKET && name == SO_LINGER &&
 	    len >= sizeof(struct linger)) {
 		const struct linger *lg = val;
-		atomic_store(&c->linger0, lg->l_onoff && lg->l_linger == 0);
+		sdp_linger_set(c, lg->l_onoff && lg->l_linger == 0);
 	}
 	return r;
 }

@@ -42,7 +42,8 @@ enum {
 	OPT_CORK     = 1 << 1,
 	OPT_RCVLOWAT = 1 << 2,
 	OPT_NONBLOCK = 1 << 3,        /* O_NONBLOCK known to be set */
-	OPT_TIMEO    = 1 << 4,        /* SO_RCVTIMEO or SO_SNDTIMEO set */
+	OPT_TIMEO    = 1 << 4,        /* SO_RCVTIMEO, SO_SNDTIMEO or SO_LINGER
+				       * set (read back together) */
 	OPT_SNDBUF   = 1 << 5,        /* SO_SNDBUF set (the byte window, tx.c) */
 	OPT_RCVBUF   = 1 << 6,        /* SO_RCVBUF set */
 	OPT_UNKNOWN  = 1 << 7,        /* socket we did not see created: ask */

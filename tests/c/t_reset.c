@@ -3,7 +3,9 @@
  * does: the peer first reads whatever was already queued to it, then gets
  * ECONNRESET exactly once, then EOF; its sends fail ECONNRESET (if the
  * error is still pending) then EPIPE; poll shows POLLERR|POLLHUP; SO_ERROR
- * reports and clears ECONNRESET. SO_LINGER {1, 0} resets as well.
+ * reports and clears ECONNRESET. SO_LINGER {1, 0} resets as well, also
+ * when it was set before the connection existed (on the listener, or
+ * before connect).
  */
 #include "testlib.h"
 
@@ -125,5 +127,35 @@ int main(void)
 	CHECK_ERR(recv(c, buf, sizeof buf, 0), ECONNRESET);
 	tl_wait_ok(pid);
 	SYS(close(c));
+
+	/* 8: SO_LINGER {on, 0} set before the connection existed - on the
+	 * listener (the accepted socket inherits it), on a socket before its
+	 * connect - resets as well. */
+	uint16_t port;
+	int l = tl_listen(AF_INET, &port);
+	SYS(setsockopt(l, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+	c = tl_connect(AF_INET, port);
+	s = SYS(accept(l, NULL, NULL));
+	SYS(close(l));
+	expect_transport(c);
+	expect_transport(s);
+	SYS(close(s));
+	CHECK_ERR(recv(c, buf, sizeof buf, 0), ECONNRESET);
+	CHECK_EQ(recv(c, buf, sizeof buf, 0), 0);
+	SYS(close(c));
+	l = tl_listen(AF_INET, &port);
+	c = SYS(socket(AF_INET, SOCK_STREAM, 0));
+	SYS(setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg));
+	struct sockaddr_storage ss;
+	socklen_t sl = tl_addr(AF_INET, port, &ss);
+	SYS(connect(c, (struct sockaddr *)&ss, sl));
+	s = SYS(accept(l, NULL, NULL));
+	SYS(close(l));
+	expect_transport(c);
+	expect_transport(s);
+	SYS(close(c));
+	CHECK_ERR(recv(s, buf, sizeof buf, 0), ECONNRESET);
+	CHECK_EQ(recv(s, buf, sizeof buf, 0), 0);
+	SYS(close(s));
 	return 0;
 }
