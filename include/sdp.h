@@ -52,6 +52,10 @@ struct sdp_sock_stats {
 	/* zero-copy bytes moved through a bounce buffer: page-aliased
 	 * buffers on a host whose Cross Memory Attach is slow for those */
 	uint64_t zc_bounced;
+	/* wake-ups for new data given through the readiness queue that all
+	 * connections between the same two processes share (no system call
+	 * unless the peer's epoll slept); doorbells_tx counts tokens */
+	uint64_t queue_kicks;
 	/* Asynchronous Zero Copy (SDP_AZCOPY=1). tx_bytes is the sum of the
 	 * four tx_*copy_bytes, rx_bytes of the four rx_*copy_bytes. */
 	uint64_t tx_azcopy_bytes; /* bytes whose send() returned while the

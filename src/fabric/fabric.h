@@ -104,12 +104,19 @@ enum fab_wait {
 				      * cancel acknowledged) */
 	FAB_WAIT_ALL    = 0x7,       /* every bit a waiter may arm */
 };
-/* Bits 8-15 of arm/disarm/kick's `what` are kept free for a second route
- * of the same wake-ups (FAB_WAIT_* << 8): a provider that also delivers
- * them through a readiness queue shared by many connections (the switch's
- * epoll would arm that route and read the queue through operations the
- * provider adds). The engine's own waits (wait.c) use the bits above. */
+/*
+ * The second route of the same wake-ups: FAB_WAIT_Q(what) armed asks the
+ * peer to report progress of that kind through a readiness queue of this
+ * process (q_bind) instead of - or besides - a token on the connection's
+ * own socket. One queue collects the wake-ups of many connections, and a
+ * sleeper is woken through its descriptor once however many of them made
+ * progress: the switch's epoll arms it for its members and reads the queue
+ * (q_pop). The engine's own waits (wait.c) use the bits above. A queue arm
+ * stays set until the peer's kick consumes it, like a token arm.
+ */
 #define FAB_WAIT_ROUTE2_SHIFT 8
+#define FAB_WAIT_Q(w) ((unsigned)(w) << FAB_WAIT_ROUTE2_SHIFT)
+#define FAB_WAIT_QALL FAB_WAIT_Q(FAB_WAIT_ALL)
 
 /*
  * Marks: facts about one side, set by that side only (mark) and read by
@@ -156,7 +163,7 @@ struct fab_setup {
 /* The offer: the provider's part of the hello and the descriptors passed
  * with it. */
 #define FAB_OFFER_MAX 64       /* bytes of a provider's offer in the hello */
-#define FAB_OFFER_FDS 2        /* descriptors passed with it, at most */
+#define FAB_OFFER_FDS 3        /* descriptors passed with it, at most */
 struct fab_offer {
 	uint32_t len;                  /* bytes of data[] used */
 	uint32_t nfds;                 /* descriptors in fds[] */
@@ -350,8 +357,9 @@ struct fab_ops {
 	 * follows, so a check after it sees any progress made before the
 	 * peer's next kick); disarm undoes it. kick: after progress of kind
 	 * `what` (RX: we posted; CREDIT: we released; ZC: our zero-copy words
-	 * moved), wake the peer if it armed for it: 1 if a wake-up was sent, 0
-	 * if none was needed, -errno. drain: consume pending wake-ups on wfd;
+	 * moved), wake the peer if it armed for it: 1 if a wake-up token was
+	 * sent, 2 if only the peer's queue got the news (FAB_WAIT_Q), 0 if none
+	 * was needed, -errno. drain: consume pending wake-ups on wfd;
 	 * 0, 1 = the peer's socket is closed (orderly EOF seen) or -errno
 	 * (-ECONNRESET, -EPIPE: the peer is gone). */
 	void     (*arm)(struct fab_ep *ep, unsigned what);
@@ -390,6 +398,32 @@ struct fab_ops {
 	void     (*fb_publish)(struct fab_ep *ep, uint32_t rx_off);
 	void     (*fb_peer_pos)(struct fab_ep *ep, uint64_t *cons, uint32_t *off);
 	const void *(*tx_msg)(struct fab_ep *ep, uint64_t seq);
+
+	/* ---- readiness queues (optional: NULL if the provider has none) ---- */
+
+	/* Can this process receive the endpoint's wake-ups through a queue
+	 * (FAB_WAIT_Q arms)? If so, publish key as what the queue reports
+	 * for it and return the queue's id (>= 0, per process; the low byte
+	 * is a small index, and an id names one queue only: the id of a
+	 * queue since gone never reaches its successor); else
+	 * -1: wake-ups come as tokens only. The same key and queue for every
+	 * call on one endpoint in one process. Any thread, under no lock. */
+	int      (*q_bind)(struct fab_ep *ep, uint32_t key);
+	/* The descriptor that becomes readable when the queue has news (level-
+	 * triggered: until q_pop took it), or -1 if the queue is gone (then
+	 * its endpoints' wake-ups come as tokens). */
+	int      (*q_fd)(int q);
+	/* Take up to max keys of endpoints that made progress since their
+	 * queue arm; each key once (a key may come although nothing new is
+	 * there - check the endpoint). Also consumes the descriptor's
+	 * readiness. -EPIPE: the queue is gone for good (the peer process
+	 * closed its end): stop waiting on it. Any thread. */
+	int      (*q_pop)(int q, uint32_t *keys, int max);
+	/* A waiter is about to sleep on the queue's descriptor (+1, a full
+	 * fence follows: check q_pending after it) or has woken (-1): the
+	 * peer rings the descriptor only while someone sleeps. */
+	void     (*q_sleep)(int q, int delta);
+	bool     (*q_pending)(int q);
 };
 
 /*

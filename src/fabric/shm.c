@@ -234,7 +234,7 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
 		return insane(why, "wake-up tokens that cannot exist");
-	if (atomic_load(&p->armed) & ~FAB_WAIT_ALL)
+	if (atomic_load(&p->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
 		return insane(why, "unknown wake-up request");
 	return self_sane(ep, m, 0, why);
 }
@@ -264,7 +264,7 @@ static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked,
 	uint32_t sfb = atomic_load(&m->fb), pfb = atomic_load(&SE(ep)->my_fb);
 	if (sfb > pfb || (locked == (FAB_SELF_TX | FAB_SELF_RX) && sfb != pfb))
 		return insane(why, "our fallback mark was overwritten");
-	if (atomic_load(&m->armed) & ~FAB_WAIT_ALL)
+	if (atomic_load(&m->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
 		return insane(why, "our wake-up request was overwritten");
 	/* Marks we set once: the copy is stored first, so a mark read
 	 * before its copy is never set without it. One that vanished is
@@ -551,18 +551,32 @@ static void shm_disarm(struct fab_ep *ep, unsigned what)
 
 static int send_token(struct fab_ep *ep, int wfd);
 
+/*
+ * The peer may have armed either route for this progress: a token on the
+ * TCP socket (a thread asleep on the socket itself) or its queue (a waiter
+ * asleep on the link of the two processes: shm_link.c). Both, if both are
+ * armed. A queue arm we cannot serve (no link here) gets a token: the
+ * peer's queue waiter watches the socket too.
+ */
 static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 {
 	atomic_thread_fence(memory_order_seq_cst);
 	struct shm_side *p = peer(ep);
-	if (!(atomic_load_explicit(&p->armed, memory_order_relaxed) & what)) {
+	unsigned both = what | FAB_WAIT_Q(what);
+	uint32_t armed = atomic_load_explicit(&p->armed, memory_order_relaxed);
+	if (!(armed & both)) {
 		if (what & FAB_WAIT_ZC)
 			atomic_store(&SE(ep)->owed_engine, 1);   /* kick_owed */
 		return 0;
 	}
-	if (!(atomic_fetch_and(&p->armed, ~what) & what))
-		return 0;                     /* someone else kicked already */
-	return send_token(ep, wfd);
+	uint32_t took = atomic_fetch_and(&p->armed, ~both) & both;
+	int r = 0;
+	if ((took & FAB_WAIT_Q(what)) && shm_link_kick(ep, took >> FAB_WAIT_ROUTE2_SHIFT) < 0)
+		took |= what;                 /* no link: a token instead */
+	if (!(took & what))
+		return 2;                     /* news on the queue only */
+	r = send_token(ep, wfd);
+	return r < 0 ? r : 1;
 }
 
 /*
@@ -590,6 +604,7 @@ static int shm_kick_owed(struct fab_ep *ep, int wfd)
 	if ((sent & TOKENS_FROZEN) || atomic_load(&p->tokens_rcvd) != sent)
 		return 0;
 	uint32_t armed = atomic_load(&p->armed);
+	armed |= armed >> FAB_WAIT_ROUTE2_SHIFT;      /* either route */
 	bool owed = !(armed & FAB_WAIT_RX) &&
 		    atomic_load(&p->cons) < atomic_load(&SE(ep)->my_prod);
 	uint64_t fa = atomic_load_explicit(&SE(ep)->full_at, memory_order_relaxed);
@@ -805,4 +820,10 @@ const struct fab_ops fab_shm_ops = {
 	.fb_publish  = shm_fb_publish,
 	.fb_peer_pos = shm_fb_peer_pos,
 	.tx_msg      = shm_tx_msg,
+	/* readiness queues (shm_link.c) */
+	.q_bind      = shm_q_bind,
+	.q_fd        = shm_q_fd,
+	.q_pop       = shm_q_pop,
+	.q_sleep     = shm_q_sleep,
+	.q_pending   = shm_q_pending,
 };

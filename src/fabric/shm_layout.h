@@ -17,7 +17,7 @@
 #include "sdp/proto.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 5
+#define SHM_VERSION 6
 #define SHM_HDR_SIZE 4096u
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
 #define SHM_TOKEN_BYTE 0xDB          /* the byte a kick writes on the TCP socket */
@@ -40,9 +40,12 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint32_t rcvbuf;      /* SO_RCVBUF, bytes as getsockopt reports
 				       * it, if the application set it; 0 = not
 				       * set (TCP: sk_rcvbuf with SOCK_RCVBUF_LOCK) */
+	_Atomic uint32_t link_key;    /* what our link's news bitmap calls this
+				       * connection (shm_link.c); valid once a
+				       * queue arm (FAB_WAIT_Q) of ours is seen */
 	_Atomic uint32_t linger0;     /* 1: our socket closes with a reset
 				       * (TCP: SOCK_LINGER with sk_lingertime 0) */
-	char pad1[40];
+	char pad1[36];
 	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
 	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
 	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
@@ -79,6 +82,11 @@ struct shm_ep {
 					  * that credit (0: none) */
 	_Atomic uint32_t owed_engine;    /* a FAB_WAIT_ZC kick found the peer not
 					  * armed: it may wait for it */
+	int32_t link;                    /* our link with the peer process
+					  * (shm_link.c: index in this process's
+					  * table, inherited by fork), -1: none */
+	_Atomic int32_t q_bound;         /* pid of the process that bound the
+					  * endpoint to its queue (q_bind), 0: none */
 };
 _Static_assert(sizeof(struct shm_ep) <= FAB_EP_PRIV, "fits the endpoint");
 static inline struct shm_ep *SE(struct fab_ep *ep) { return (struct shm_ep *)(void *)ep->priv; }
@@ -150,10 +158,75 @@ _Static_assert(offsetof(struct shm_side, zc) == 192, "zero-copy words at 192");
 struct shm_offer {
 	uint32_t region_pg;
 	uint32_t flags;
+	uint64_t link_id;             /* SHM_OFFER_LINK*: the link's id */
 };
-_Static_assert(sizeof(struct shm_offer) == 8, "shm offer is 8 bytes");
+_Static_assert(sizeof(struct shm_offer) == 16, "shm offer is 16 bytes");
 _Static_assert(sizeof(struct shm_offer) <= FAB_OFFER_MAX, "fits the hello");
 #define SHM_OFFER_POOLED 0x1u
+/* SHM_OFFER_LINK: two more descriptors follow the region's memfd: the link
+ * page's memfd and the accepting side's end of the link socket pair
+ * (shm_link.c, PROTOCOL.md 9.1), sent until a process of the accepting side
+ * has taken the link or declined it (the page's owner[1]). SHM_OFFER_LINK_ID:
+ * no descriptors; link_id names the link the accepting side may have taken.
+ * Neither: no link, the connection's wake-ups are tokens only. */
+#define SHM_OFFER_LINK    0x2u
+#define SHM_OFFER_LINK_ID 0x4u
+#define SHM_LINK_DECLINED (-1)        /* owner[1]: the accepting side said no */
+
+/*
+ * Links (shm_link.c, PROTOCOL.md 9.1): one per pair of processes, shared by
+ * all their connections. A link page (a memfd of SHM_LINK_SIZE bytes, made
+ * by the connecting process) holds, for each side, a bitmap of the keys of
+ * its connections that have news for it (set by the other side's kick of a
+ * queue arm), and a socket pair carries the bells that wake a side asleep
+ * on its end.
+ *
+ *  link page           off   len
+ *   magic, version       0     8
+ *   owner[2]             8     8   pid using each side's end, 0 = none
+ *   id                  16     8   random (logs)
+ *   dir[0], dir[1]      64  2x2112 news for side 0 / side 1:
+ *     summary[4]         0    32   bit w: bits[w] may be non-zero
+ *     sleepers          32     4   waiters of that side asleep on its end
+ *     bell              36     4   1: a bell is on its way, not taken yet
+ *     rings             40     8   bells sent (statistics)
+ *     bits[256]         64  2048   bit k: the connection with key k
+ */
+#define SHM_LINK_MAGIC   0x53444c4bu  /* "SDLK" */
+#define SHM_LINK_VERSION 1
+#define SHM_LINK_KEYS    16384        /* keys are connection pool indexes */
+#define SHM_LINK_SIZE    8192u
+struct shm_link_dir {
+	_Atomic uint64_t summary[SHM_LINK_KEYS / 64 / 64];
+	_Atomic uint32_t sleepers;
+	_Atomic uint32_t bell;
+	_Atomic uint64_t rings;
+	char pad[16];
+	_Atomic uint64_t bits[SHM_LINK_KEYS / 64];
+};
+struct shm_link_page {
+	uint32_t magic;
+	uint32_t version;
+	_Atomic int32_t owner[2];
+	uint64_t id;
+	char pad[40];
+	struct shm_link_dir dir[2];
+};
+_Static_assert(sizeof(struct shm_link_dir) == 2112, "link direction is 2112 bytes");
+_Static_assert(offsetof(struct shm_link_page, dir) == 64, "link directions at 64");
+_Static_assert(sizeof(struct shm_link_page) <= SHM_LINK_SIZE, "link page fits");
+
+/* shm_link.c: the links of this process. */
+/* shm_link_offer: 0 no link, else the SHM_OFFER_LINK* flag to set. */
+int  shm_link_offer(struct fab_ep *ep, int32_t peer, struct fab_offer *o, uint64_t *id);
+void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id);
+void shm_link_put(struct fab_ep *ep);
+int  shm_link_kick(struct fab_ep *ep, unsigned q);   /* 1: news sent; <0: no link */
+int  shm_q_bind(struct fab_ep *ep, uint32_t key);
+int  shm_q_fd(int q);
+int  shm_q_pop(int q, uint32_t *keys, int max);
+void shm_q_sleep(int q, int delta);
+bool shm_q_pending(int q);
 
 static inline struct shm_hdr *H(struct fab_ep *ep) { return ep->base; }
 static inline struct shm_side *me(struct fab_ep *ep) { return &H(ep)->side[ep->side]; }

@@ -179,8 +179,9 @@ static void ep_init(struct fab_ep *ep, void *base, size_t len, uint32_t side,
 	ep->slot_size = slot_size;
 	ep->flags = flags;
 	/* Our private copies of what we publish (the control blocks are
-	 * zeroed): all zero. */
+	 * zeroed): all zero. No link until one is attached. */
 	memset(ep->priv, 0, sizeof ep->priv);
+	SE(ep)->link = -1;
 }
 
 static int memfd_new(size_t len)
@@ -348,6 +349,7 @@ int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer 
 	side_init(ep, s);
 	so.region_pg = (uint32_t)(off / 4096);
 	o->nfds = 1;
+	so.flags |= (uint32_t)shm_link_offer(ep, s->peer_pid, o, &so.link_id);
 	o->len = sizeof so;
 	memcpy(o->data, &so, sizeof so);
 	return 0;
@@ -471,10 +473,12 @@ static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab_offer *o)
 {
 	struct shm_offer so;
-	if (o->len != sizeof so || o->nfds != 1)
+	if (o->len != sizeof so)
 		return -EPROTO;
 	memcpy(&so, o->data, sizeof so);
-	if (so.flags & ~SHM_OFFER_POOLED)
+	if ((so.flags & ~(SHM_OFFER_POOLED | SHM_OFFER_LINK | SHM_OFFER_LINK_ID)) ||
+	    (so.flags & SHM_OFFER_LINK && so.flags & SHM_OFFER_LINK_ID) ||
+	    o->nfds != ((so.flags & SHM_OFFER_LINK) ? 3u : 1u))
 		return -EPROTO;
 	int r = attach(ep, o->fds[0], 1, (uint64_t)so.region_pg * 4096,
 		       (so.flags & SHM_OFFER_POOLED) != 0);
@@ -487,6 +491,8 @@ int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab
 		return -ESTALE;
 	}
 	side_init(ep, s);
+	if (so.flags & (SHM_OFFER_LINK | SHM_OFFER_LINK_ID))
+		shm_link_accept(ep, o, so.link_id);
 	atomic_store(&H(ep)->state, SHM_ST_ATTACHED);
 	return r;
 }
@@ -497,6 +503,7 @@ void shm_unmap(struct fab_ep *ep)
 {
 	if (!ep->base)
 		return;
+	shm_link_put(ep);
 	if (ep->flags & FAB_EP_POOLED) {
 		lock();
 		struct shm_map *m = map_of(ep->base);

@@ -935,7 +935,7 @@ static void end_held(bool cloexec_only)
 		 * (tokens_due) a moment after it took it - the peer's last
 		 * read publishes rd_done, then kicks: a short grace covers
 		 * the count still to come. */
-		ep->ops->disarm(ep, FAB_WAIT_ALL);
+		ep->ops->disarm(ep, FAB_WAIT_ALL | FAB_WAIT_QALL);
 		uint64_t now = sdp_now_ns();
 		uint64_t until = now + 100000000ull, grace = now + 5000000ull;
 		for (;;) {

@@ -113,7 +113,7 @@ void sdp_release_finish(struct sdp_conn *c, int fd)
 	struct fab_ep *ep = &c->ep;
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
-	ep->ops->disarm(ep, FAB_WAIT_RX | FAB_WAIT_CREDIT | FAB_WAIT_ZC);
+	ep->ops->disarm(ep, FAB_WAIT_ALL | FAB_WAIT_QALL);
 	if (fd >= 0 && ep->ops->tokens_due(ep))
 		ep->ops->drain(ep, fd);
 	/* Our last write to the shared state: after it the peer may reuse

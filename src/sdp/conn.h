@@ -188,6 +188,15 @@ uint64_t sdp_ready_since(struct sdp_conn *c);
 /* Before sleeping in poll/epoll on fd: ask the peer to kick us for the
  * events wanted; then re-check sdp_events. */
 void    sdp_arm(struct sdp_conn *c, int fd, unsigned events);
+/* The same on the queue route: the readiness queue (>= 0) this process
+ * reads the connection's wake-ups from (sdp_q_bind, -1: none, tokens
+ * only); its key there is c->idx. */
+int     sdp_q_bind(struct sdp_conn *c);
+/* owed: also send the token the peer may be owed (kick_owed) - a safety
+ * net against a peer whose arms were cleared by a third process; a waiter
+ * over many connections does it once per SDP_CHECK_MS, not per sleep (a
+ * busy peer that has not read our data yet would get a token every time). */
+void    sdp_arm_q(struct sdp_conn *c, int fd, unsigned events, bool owed);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);

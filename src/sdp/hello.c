@@ -224,10 +224,10 @@ void sdp_listener_fork(struct sdp_listener *l, int delta)
 int rv_send(int s, const void *msg, size_t len, const int *fds, int nfds)
 {
 	struct iovec iov = { (void *)msg, len };
-	union { struct cmsghdr c; char buf[CMSG_SPACE(2 * sizeof(int))]; } u;
+	union { struct cmsghdr c; char buf[CMSG_SPACE(FAB_OFFER_FDS * sizeof(int))]; } u;
 	memset(&u, 0, sizeof u);
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (nfds > 0 && nfds <= 2) {
+	if (nfds > 0 && nfds <= FAB_OFFER_FDS) {
 		m.msg_control = u.buf;
 		m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
 		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);

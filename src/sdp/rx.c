@@ -423,6 +423,24 @@ uint64_t sdp_ready_since(struct sdp_conn *c)
 	return ep->ops->rx_since(ep);
 }
 
+/* The queue route (fabric.h FAB_WAIT_Q): a waiter over many connections
+ * (the switch's epoll) sleeps on a queue their peers' kicks report to. */
+int sdp_q_bind(struct sdp_conn *c)
+{
+	const struct fab_ops *o = c->ep.ops;
+	return o && o->q_bind ? o->q_bind(&c->ep, c->idx) : -1;
+}
+
+void sdp_arm_q(struct sdp_conn *c, int fd, unsigned events, bool owed)
+{
+	unsigned what = FAB_WAIT_RX;
+	if (events & (POLLOUT | POLLWRNORM))
+		what |= FAB_WAIT_CREDIT;
+	c->ep.ops->arm(&c->ep, FAB_WAIT_Q(what));
+	if (owed)
+		c->ep.ops->kick_owed(&c->ep, fd);
+}
+
 void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 {
 	unsigned what = 0;

@@ -153,8 +153,13 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 	memcpy(buf, &h, sizeof h);
 	ep->ops->post(ep, sizeof h + len);
 	c->st.tx_msgs++;
-	if (kick && ep->ops->kick(ep, fd, FAB_WAIT_RX) > 0)
-		c->st.doorbells_tx++;
+	if (kick) {
+		int k = ep->ops->kick(ep, fd, FAB_WAIT_RX);
+		if (k == 1)
+			c->st.doorbells_tx++;
+		else if (k == 2)
+			c->st.queue_kicks++;
+	}
 	return 0;
 }
 

@@ -43,7 +43,21 @@
 struct sdp_conn *sdp_fd_conn(int fd);
 
 #define TAG      0x5344500000000000ull      /* "SDP" in the top bytes */
+#define TAGQ     0x5344510000000000ull      /* "SDQ": a readiness queue */
 #define TAG_MASK 0xffffff0000000000ull
+#define EP_QMAX  8                          /* queues one set reads */
+#define Q_IDX(q) ((unsigned)(q) & 0xffu)    /* fabric.h q_bind: low byte */
+
+/* A readiness queue of the provider's (fabric.h q_bind) that this set reads
+ * the wake-ups of some members from: one descriptor in the kernel set
+ * (edge-triggered, tagged) for all of them. */
+struct ep_queue {
+	const struct fab_ops *ops;    /* NULL: free entry */
+	int q;                        /* the provider's id */
+	int fd;                       /* its descriptor, in the kernel set */
+	int members;                  /* entries of the set on it */
+	bool dead;                    /* gone: its members use tokens */
+};
 
 struct ep_ent {
 	int fd;
@@ -62,6 +76,11 @@ struct ep_ent {
 	uint64_t rep;                 /* fab_clock of the scan that last reported it,
 				       * or of epoll_ctl ADD/MOD (TCP: (re-)queued at
 				       * the ready list's tail then) */
+	uint8_t q1;                   /* 1 + index of its queue in the set's qs;
+				       * 0: its wake-ups are tokens */
+	bool looked;                  /* looked at since its last arm (a queue
+				       * arm stays until a kick takes it) */
+	uint32_t gen;                 /* the partial scan that listed it */
 };
 
 /* A ready member found by a scan: when it became ready, its events, and
@@ -82,8 +101,42 @@ struct ep_shadow {
 	int npending;                 /* of the n, pending entries (no member) */
 	struct ep_cand *cand;         /* scan(): ready members, cap entries */
 	_Atomic uint32_t spin_cur, spin_waits;   /* adaptive spin (wait.c) */
+	struct ep_queue qs[EP_QMAX];  /* readiness queues it reads */
+	/* What a scan looks at when not at every member (scan()): */
+	int *check;                   /* members with news (popped keys, kernel
+				       * events of their sockets), cap entries */
+	int ncheck;
+	int *hot;                     /* members the last scan found ready */
+	int nhot;
+	int nqueued;                  /* members on a live queue of ours */
+	bool full;                    /* next scan looks at every member */
+	uint64_t full_at;             /* and one at the latest then (ns) */
+	uint32_t gen;
+	int *kmap;                    /* queue key -> 1 + member index (a hint,
+				       * checked), kcap entries */
+	uint32_t kcap;
+	int *fmap;                    /* fd -> 1 + member index (a hint) */
+	uint32_t fcap;
+	bool reap;                    /* some member left SDP: remove it */
+	bool token_shared;            /* a queue member's token had another
+				       * watcher: sleep in slices */
+	int nwatching;                /* members we watch during this sleep */
+	uint32_t epoch;               /* local_changes at the last scan */
+	pid_t qpid;                   /* the process they belong to (a forked
+				       * child's copy of the set uses tokens) */
+	uint64_t owed_ns;             /* when queue members last got kick_owed */
 	struct ep_shadow *next;
 };
+
+static int find_key(struct ep_shadow *s, uint32_t key);
+static void note_check(struct ep_shadow *s, int i);
+
+static _Atomic uint32_t local_changes;
+
+void epoll_local_change(void)
+{
+	atomic_fetch_add_explicit(&local_changes, 1, memory_order_release);
+}
 
 static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct ep_shadow *all;
@@ -99,6 +152,169 @@ static void count_pending(struct ep_shadow *s, struct ep_ent *e, bool pending)
 	e->pending = pending;
 	s->npending += pending ? 1 : -1;
 	atomic_fetch_add(&pending_total, pending ? 1 : -1);
+}
+
+/*
+ * A queue is read by one set of the process (its claim): a waiter that
+ * took another set's news from it would leave that set asleep. Members
+ * whose queue another set reads, or that have none, use tokens.
+ */
+static struct ep_shadow *_Atomic q_claim[256];
+
+/* The queue for a new member c of s, as 1 + its index in s->qs, or 0
+ * (tokens). Called locked. */
+static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
+{
+	if (sdp_in_vfork_child() || (s->qpid && s->qpid != sdp_pid))
+		return 0;
+	int q = sdp_q_bind(c);
+	if (q < 0) {
+		sdp_log(3, "epoll fd %d: a member without a readiness queue (tokens)", s->epfd);
+		return 0;
+	}
+	const struct fab_ops *o = c->ep.ops;
+	int free_i = -1;
+	for (int i = 0; i < EP_QMAX; i++) {
+		struct ep_queue *x = &s->qs[i];
+		if (!x->ops) {
+			if (free_i < 0)
+				free_i = i;
+		} else if (x->ops == o && x->q == q) {
+			if (x->dead)
+				return 0;
+			x->members++;
+			return (uint8_t)(i + 1);
+		}
+	}
+	if (free_i < 0)
+		return 0;
+	struct ep_shadow *none = NULL;
+	if (!atomic_compare_exchange_strong(&q_claim[Q_IDX(q)], &none, s)) {
+		sdp_log(3, "epoll fd %d: queue %d is read by another set", s->epfd, q);
+		return 0;
+	}
+	int fd = o->q_fd(q);
+	struct epoll_event kev = { .events = EPOLLIN | EPOLLET,
+				   .data.u64 = TAGQ | (uint32_t)free_i };
+	if (fd < 0 || real_epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
+		atomic_store(&q_claim[Q_IDX(q)], NULL);
+		return 0;
+	}
+	s->qs[free_i] = (struct ep_queue){ .ops = o, .q = q, .fd = fd, .members = 1 };
+	s->qpid = sdp_pid;
+	return (uint8_t)(free_i + 1);
+}
+
+/* Give queue i of s up: out of the kernel set (if its descriptor is still
+ * the queue's: the application may have closed and reused the number),
+ * and its claim. Called locked. */
+static void queue_drop(struct ep_shadow *s, int i)
+{
+	struct ep_queue *x = &s->qs[i];
+	if (!x->ops)
+		return;
+	if (s->qpid == sdp_pid && x->ops->q_fd(x->q) == x->fd)
+		real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, x->fd, NULL);
+	struct ep_shadow *me = s;
+	atomic_compare_exchange_strong(&q_claim[Q_IDX(x->q)], &me, NULL);
+	*x = (struct ep_queue){ 0 };
+}
+
+/* Entry e leaves its queue (removed, modified, or not SDP any more). */
+static void ent_unqueue(struct ep_shadow *s, struct ep_ent *e)
+{
+	if (!e->q1)
+		return;
+	int i = e->q1 - 1;
+	e->q1 = 0;
+	if (--s->qs[i].members <= 0)
+		queue_drop(s, i);
+}
+
+/* The queue is gone (its peer process closed its end): its members go
+ * back to tokens at their next arm; a peer's kick that finds no link
+ * sends a token, so nothing is missed meanwhile. */
+static void queue_dead(struct ep_shadow *s, int i)
+{
+	struct ep_queue *x = &s->qs[i];
+	if (!x->ops || x->dead)
+		return;
+	x->dead = true;
+	s->full = true;                   /* its members: tokens, every scan */
+	struct ep_shadow *me = s;
+	atomic_compare_exchange_strong(&q_claim[Q_IDX(x->q)], &me, NULL);
+}
+
+/* Is this process the one that reads the set's queues? */
+static bool queues_ours(const struct ep_shadow *s)
+{
+	return s->qpid && s->qpid == sdp_pid;
+}
+
+/* Take everything queue i has: its keys name the members the next scan
+ * looks at. Returns how many keys it had, or marks it dead. */
+static int queue_take(struct ep_shadow *s, int i)
+{
+	struct ep_queue *x = &s->qs[i];
+	uint32_t keys[256];
+	int total = 0;
+	for (;;) {
+		int n = x->ops->q_pop(x->q, keys, 256);
+		if (n < 0) {
+			queue_dead(s, i);
+			return total;
+		}
+		total += n;
+		for (int k = 0; k < n; k++) {
+			int m = find_key(s, keys[k]);
+			if (m >= 0)
+				note_check(s, m);
+		}
+		if (n < 256)
+			return total;
+	}
+}
+
+/* The queues a sleeper counted itself on, to count itself off the same
+ * ones (the set may drop or gain queues meanwhile). */
+struct q_sleep {
+	const struct fab_ops *ops[EP_QMAX];
+	int q[EP_QMAX];
+	int n;
+};
+
+/*
+ * About to sleep: the queues' peers ring their descriptors only while a
+ * waiter sleeps, so count ourselves in, then take what came since the
+ * last look (a kick after our arm but before the count went up rang no
+ * bell): true if something did - then do not sleep, look again.
+ */
+static bool queues_sleep(struct ep_shadow *s, struct q_sleep *z)
+{
+	z->n = 0;
+	if (!queues_ours(s))
+		return false;
+	bool news = false;
+	pthread_mutex_lock(&s->lock);
+	for (int i = 0; i < EP_QMAX; i++) {
+		struct ep_queue *x = &s->qs[i];
+		if (!x->ops || x->dead)
+			continue;
+		x->ops->q_sleep(x->q, +1);
+		z->ops[z->n] = x->ops;
+		z->q[z->n++] = x->q;
+		if (queue_take(s, i) > 0)
+			news = true;
+	}
+	pthread_mutex_unlock(&s->lock);
+	return news;
+}
+
+static void queues_wake(struct q_sleep *z)
+{
+	for (int i = 0; i < z->n; i++)
+		z->ops[i]->q_sleep(z->q[i], -1);
+	z->n = 0;
 }
 
 static struct ep_shadow *shadow_of(int epfd, bool create)
@@ -138,23 +354,99 @@ void epoll_shadow_free(struct ep_shadow *s)
 		}
 	pthread_mutex_unlock(&all_lock);
 	atomic_fetch_sub(&pending_total, s->npending);
+	for (int i = 0; i < EP_QMAX; i++)
+		queue_drop(s, i);
+	free(s->check);
+	free(s->hot);
+	free(s->kmap);
+	free(s->fmap);
 	free(s->cand);
 	free(s->v);
 	free(s);
 }
 
+/* Remember that map[k] is member i (+1), growing the map up to limit
+ * entries; without memory it stays a miss. */
+static void hint(int **map, uint32_t *cap, uint32_t k, int i, uint32_t limit)
+{
+	if (k >= *cap) {
+		if (k >= limit)
+			return;
+		uint32_t nc = *cap ? *cap : 64;
+		while (nc <= k)
+			nc *= 2;
+		int *nm = realloc(*map, (size_t)nc * sizeof *nm);
+		if (!nm)
+			return;
+		memset(nm + *cap, 0, (size_t)(nc - *cap) * sizeof *nm);
+		*map = nm;
+		*cap = nc;
+	}
+	(*map)[k] = i + 1;
+}
+
+/* The member for fd, or -1: the hint first (checked), else a walk. */
 static int find(struct ep_shadow *s, int fd)
 {
-	for (int i = 0; i < s->n; i++)
-		if (s->v[i].fd == fd)
+	if (fd >= 0 && (uint32_t)fd < s->fcap) {
+		int i = s->fmap[fd] - 1;
+		if (i >= 0 && i < s->n && s->v[i].fd == fd)
 			return i;
+	}
+	for (int i = 0; i < s->n; i++)
+		if (s->v[i].fd == fd) {
+			if (fd >= 0)
+				hint(&s->fmap, &s->fcap, (uint32_t)fd, i, 1u << 22);
+			return i;
+		}
 	return -1;
+}
+
+static bool on_queue(const struct ep_shadow *s, const struct ep_ent *e)
+{
+	return e->c && e->q1 && !s->qs[e->q1 - 1].dead;
+}
+
+/* The queue member whose key (sdp_q_bind: the connection's pool index) is
+ * key, or -1. */
+static int find_key(struct ep_shadow *s, uint32_t key)
+{
+	if (key < s->kcap) {
+		int i = s->kmap[key] - 1;
+		if (i >= 0 && i < s->n && on_queue(s, &s->v[i]) && s->v[i].c->idx == key)
+			return i;
+	}
+	for (int i = 0; i < s->n; i++)
+		if (on_queue(s, &s->v[i]) && s->v[i].c->idx == key) {
+			hint(&s->kmap, &s->kcap, key, i, 1u << 20);
+			return i;
+		}
+	return -1;
+}
+
+/* Member i has news: the next scan looks at it. Called locked. */
+static void note_check(struct ep_shadow *s, int i)
+{
+	if (s->ncheck < s->cap)
+		s->check[s->ncheck++] = i;
+	else
+		s->full = true;
+}
+
+/* Member indexes in the lists are void once the array changes. */
+static void lists_void(struct ep_shadow *s)
+{
+	s->ncheck = 0;
+	s->nhot = 0;
+	s->full = true;
 }
 
 static void remove_at(struct ep_shadow *s, int i)
 {
 	count_pending(s, &s->v[i], false);
+	ent_unqueue(s, &s->v[i]);
 	s->v[i] = s->v[--s->n];
+	lists_void(s);
 }
 
 void epoll_forget_fd(int fd)
@@ -215,9 +507,19 @@ static struct ep_ent *ent_for(struct ep_shadow *s, int i)
 		if (!ncand)
 			return NULL;
 		s->cand = ncand;
+		int *nchk = realloc(s->check, (size_t)nc * sizeof *nchk);
+		if (!nchk)
+			return NULL;
+		s->check = nchk;
+		int *nhot = realloc(s->hot, (size_t)nc * sizeof *nhot);
+		if (!nhot)
+			return NULL;
+		s->hot = nhot;
 		s->cap = nc;
 	}
 	s->v[s->n].pending = false;
+	s->v[s->n].q1 = 0;
+	lists_void(s);
 	return &s->v[s->n++];
 }
 
@@ -235,6 +537,8 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 		struct ep_ent *e = ent_for(s, i);
 		if (e) {
 			bool was = e->pending;
+			if (i >= 0)
+				ent_unqueue(s, e);
 			*e = (struct ep_ent){ .fd = fd, .events = ev->events,
 					      .data = ev->data, .pending = was };
 			count_pending(s, e, true);
@@ -244,6 +548,17 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 	}
 	pthread_mutex_unlock(&s->lock);
 	return r;
+}
+
+/* Ask member e's peer for a kick: through the set's queue if it has one
+ * (no system call on either side while we are awake), else a token on its
+ * socket. Called locked. */
+static void arm(struct ep_shadow *s, struct ep_ent *e, bool owed)
+{
+	if (e->q1 && queues_ours(s) && !s->qs[e->q1 - 1].dead)
+		sdp_arm_q(e->c, e->fd, e->events, owed);
+	else
+		sdp_arm(e->c, e->fd, e->events);
 }
 
 void epoll_adopt(int fd, struct sdp_conn *c)
@@ -268,7 +583,9 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->last_arrived = arrived(c) - 1;
 				e->last_acked = acked(c) - 1;
 				e->rep = fab_clock();
-				sdp_arm(c, fd, e->events);
+				e->q1 = queue_for(s, c);
+				arm(s, e, true);
+				note_check(s, i);
 			} else {
 				remove_at(s, i);
 			}
@@ -299,6 +616,8 @@ void epoll_leave_all(void)
 				sdp_log(0, "epoll fd %d: fd %d not given back to the kernel (%s)",
 					s->epfd, e->fd, strerror(errno));
 			e->c = NULL;
+			s->reap = true;
+			ent_unqueue(s, e);
 		}
 		pthread_mutex_unlock(&s->lock);
 	}
@@ -340,7 +659,11 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		if (i >= 0)
 			remove_at(s, i);
 	} else {
-		r = real_epoll_ctl(epfd, op, fd, &kev);
+		/* A MOD changes only the shadow: the kernel keeps our own
+		 * registration (one system call less than on TCP). */
+		bool same = op == EPOLL_CTL_MOD && i >= 0 && !s->v[i].pending &&
+			    s->v[i].c == c && s->v[i].connecting == connecting;
+		r = same ? 0 : real_epoll_ctl(epfd, op, fd, &kev);
 		if (r == 0) {
 			struct ep_ent *e = ent_for(s, i);
 			if (!e) {
@@ -350,6 +673,11 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 				return -1;
 			}
 			count_pending(s, e, false);
+			uint8_t q1 = 0;           /* the same connection keeps its queue */
+			if (i >= 0 && e->c == c && e->q1)
+				q1 = e->q1;
+			else if (i >= 0)
+				ent_unqueue(s, e);
 			memset(e, 0, sizeof *e);
 			e->fd = fd;
 			e->c = c;
@@ -359,7 +687,9 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			e->last_arrived = arrived(c) - 1;   /* edge: report current state */
 			e->last_acked = acked(c) - 1;
 			e->rep = fab_clock();     /* TCP: ready now, queued now */
-			sdp_arm(c, fd, ev->events);
+			e->q1 = q1 ? q1 : queue_for(s, c);
+			arm(s, e, true);
+			note_check(s, (int)(e - s->v));   /* ready already? */
 		}
 	}
 	pthread_mutex_unlock(&s->lock);
@@ -382,6 +712,7 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e, struct ep_cand
 		struct epoll_event kev = { .events = e->events, .data = e->data };
 		real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
 		e->c = NULL;
+		s->reap = true;
 		return 0;
 	}
 	if (e->connecting) {
@@ -391,6 +722,7 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e, struct ep_cand
 				struct epoll_event kev = { .events = e->events, .data = e->data };
 				real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
 				e->c = NULL;
+				s->reap = true;
 				return EPOLLOUT | EPOLLERR | EPOLLHUP;
 			}
 			if (atomic_load(&c->state) == SDP_ST_CONNECTING)
@@ -452,6 +784,7 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 	struct ep_ent *e = &s->v[i];
 	if (!e->c || e->disabled)
 		return 0;
+	e->looked = true;
 	struct ep_cand *k = &s->cand[*nc];
 	uint32_t ev = ent_events(s, e, k);
 	if (!ev) {
@@ -496,20 +829,82 @@ static int cand_cmp(const void *a, const void *b)
 	return (x->i > y->i) - (x->i < y->i);
 }
 
+/* Members on our live queues. */
+static int queued(const struct ep_shadow *s)
+{
+	if (!queues_ours(s))
+		return 0;
+	int n = 0;
+	for (int i = 0; i < EP_QMAX; i++)
+		if (s->qs[i].ops && !s->qs[i].dead)
+			n += s->qs[i].members;
+	return n;
+}
+
+/* Look at member i once in partial scan g. */
+static void look_once(struct ep_shadow *s, int i, uint32_t g, uint64_t now, int *nc)
+{
+	if (i >= s->n || s->v[i].gen == g)
+		return;
+	s->v[i].gen = g;
+	look(s, i, now, nc);
+}
+
+/*
+ * The members a scan looks at. Members on one of our queues change only
+ * with news (a kick's key, or an event of their socket): a partial scan
+ * looks at those, at the members the last scan found ready (level-
+ * triggered ones stay ready until read), and at every member on tokens.
+ * Every member after any change of the set, a queue gone, or SDP_CHECK_MS
+ * since the last full look (a peer that cleared our news bits).
+ */
+static int scan_members(struct ep_shadow *s, uint64_t now, int *last, uint64_t *newest)
+{
+	int nc = 0;
+	uint64_t t = sdp_now_ns();
+	int nq = queued(s);
+	uint32_t lc = atomic_load_explicit(&local_changes, memory_order_acquire);
+	if (lc != s->epoch) {
+		s->epoch = lc;
+		s->full = true;
+	}
+	if (!nq || s->full || t >= s->full_at) {
+		s->full = false;
+		s->full_at = t + SDP_CHECK_MS * 1000000ull;
+		for (int i = 0; i < s->n; i++) {
+			uint64_t stamp = look(s, i, now, &nc);
+			if (stamp) {
+				*last = i;
+				*newest = stamp > *newest ? stamp : *newest;
+			}
+		}
+		return nc;
+	}
+	/* News since the last look (no bell rings while we are awake). */
+	for (int i = 0; i < EP_QMAX; i++)
+		if (s->qs[i].ops && !s->qs[i].dead)
+			queue_take(s, i);
+	uint32_t g = ++s->gen;
+	for (int k = 0; k < s->nhot; k++)
+		look_once(s, s->hot[k], g, now, &nc);
+	for (int k = 0; k < s->ncheck; k++)
+		look_once(s, s->check[k], g, now, &nc);
+	if (nq < s->n - s->npending)
+		for (int i = 0; i < s->n; i++)
+			if (!on_queue(s, &s->v[i]))
+				look_once(s, i, g, now, &nc);
+	return nc;
+}
+
 /* Report up to max ready members, those that became ready first first. */
 static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
 {
 	pthread_mutex_lock(&s->lock);
 	uint64_t now = fab_clock();
-	int nc = 0, last = -1;
+	int last = -1;
 	uint64_t newest = 0;
-	for (int i = 0; i < s->n; i++) {
-		uint64_t stamp = look(s, i, now, &nc);
-		if (stamp) {
-			last = i;
-			newest = stamp > newest ? stamp : newest;
-		}
-	}
+	int nc = scan_members(s, now, &last, &newest);
+	s->ncheck = 0;
 	/* Data found became ready during this scan: a member checked before
 	 * it may have become ready after its check but before it - and then
 	 * first. Look at those once more (once: what becomes ready now is
@@ -527,6 +922,9 @@ static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
 		qsort(s->cand, (size_t)nc, sizeof *s->cand, cand_cmp);
 	else
 		sort_cands(s->cand, nc);
+	s->nhot = 0;                      /* ready now: look again next time */
+	for (int k = 0; k < nc; k++)
+		s->hot[s->nhot++] = s->cand[k].i;
 	int n = nc < max ? nc : max;
 	for (int k = 0; k < n; k++) {
 		struct ep_ent *e = &s->v[s->cand[k].i];
@@ -534,9 +932,12 @@ static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
 		out[k].events = s->cand[k].ev;
 		out[k].data = e->data;
 	}
-	for (int i = s->n - 1; i >= 0; i--)
-		if (!s->v[i].c && !s->v[i].pending)
-			remove_at(s, i);
+	if (s->reap) {
+		s->reap = false;
+		for (int i = s->n - 1; i >= 0; i--)
+			if (!s->v[i].c && !s->v[i].pending)
+				remove_at(s, i);
+	}
 	pthread_mutex_unlock(&s->lock);
 	return n;
 }
@@ -546,18 +947,40 @@ static int scan(struct ep_shadow *s, struct epoll_event *out, int max)
  * watched by another sleeper (then our sleep is cut into slices). */
 static bool arm_all(struct ep_shadow *s)
 {
-	bool shared = false;
+	bool shared = s->token_shared;
+	s->token_shared = false;
 	pthread_mutex_lock(&s->lock);
+	uint64_t now = sdp_now_ns();
+	bool owed = now - s->owed_ns >= SDP_CHECK_MS * 1000000ull;
+	if (owed)
+		s->owed_ns = now;
+	bool ours = queues_ours(s);
 	for (int i = 0; i < s->n; i++) {
 		struct ep_ent *e = &s->v[i];
 		e->watching = false;
 		if (!e->c)
 			continue;
+		if (ours && on_queue(s, e)) {
+			/* Its queue arm stays until a kick takes it - and then
+			 * its key came, and a scan looked at it. Its socket's
+			 * tokens (rare on this route) are taken by filter. */
+			if (!e->disabled && (e->looked || owed)) {
+				/* Looked at, its data may have come while
+				 * it was not armed: the scan after the arms
+				 * looks again. */
+				arm(s, e, owed);
+				note_check(s, i);
+			}
+			e->looked = false;
+			continue;
+		}
 		if (!e->disabled)
-			sdp_arm(e->c, e->fd, e->events);
+			arm(s, e, owed);
 		e->watching = sdp_watch(e->c);
 		if (!e->watching)
 			shared = true;
+		else
+			s->nwatching++;
 	}
 	pthread_mutex_unlock(&s->lock);
 	return shared;
@@ -566,12 +989,13 @@ static bool arm_all(struct ep_shadow *s)
 static void unwatch_all(struct ep_shadow *s)
 {
 	pthread_mutex_lock(&s->lock);
-	for (int i = 0; i < s->n; i++) {
+	for (int i = 0; s->nwatching && i < s->n; i++) {
 		struct ep_ent *e = &s->v[i];
 		if (e->watching && e->c)
 			sdp_unwatch(e->c);
 		e->watching = false;
 	}
+	s->nwatching = 0;
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -581,14 +1005,43 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 {
 	int k = 0;
 	for (int i = 0; i < n; i++) {
+		if ((ev[i].data.u64 & TAG_MASK) == TAGQ) {
+			/* A queue's bell: its news is taken here, and the scan
+			 * that follows looks at the members it names. */
+			unsigned qi = (unsigned)(uint32_t)ev[i].data.u64;
+			pthread_mutex_lock(&s->lock);
+			if (qi < EP_QMAX && s->qs[qi].ops && !s->qs[qi].dead && queues_ours(s))
+				queue_take(s, (int)qi);
+			pthread_mutex_unlock(&s->lock);
+			continue;
+		}
 		if ((ev[i].data.u64 & TAG_MASK) == TAG) {
 			int fd = (int)(uint32_t)ev[i].data.u64;
 			pthread_mutex_lock(&s->lock);
 			int j = find(s, fd);
-			struct sdp_conn *c = j >= 0 && s->v[j].watching ? s->v[j].c : NULL;
+			struct sdp_conn *c = NULL;
+			bool mine = false;        /* we watch it only for this */
+			if (j >= 0 && s->v[j].c) {
+				note_check(s, j);
+				if (s->v[j].watching) {
+					c = s->v[j].c;
+				} else if (on_queue(s, &s->v[j])) {
+					/* Not watched during our sleeps: take its
+					 * tokens (or FIN) now, unless another
+					 * thread's wait does. */
+					c = s->v[j].c;
+					mine = sdp_watch(c);
+					if (!mine) {
+						c = NULL;
+						s->token_shared = true;
+					}
+				}
+			}
 			pthread_mutex_unlock(&s->lock);
 			if (c)
 				sdp_on_wakeup(c, fd);
+			if (mine)
+				sdp_unwatch(c);
 			continue;
 		}
 		ev[k++] = ev[i];
@@ -696,9 +1149,17 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 			}
 			return n;
 		}
+		struct q_sleep z;
+		if (queues_sleep(s, &z)) {
+			/* News came between the arms and now: look again. */
+			queues_wake(&z);
+			unwatch_all(s);
+			continue;
+		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		int r = kernel_wait(epfd, ev, max, tp, mask);
+		queues_wake(&z);
 		if (r < 0) {
 			unwatch_all(s);
 			return r;

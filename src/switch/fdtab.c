@@ -175,6 +175,7 @@ void fd_fallback(int fd, struct sdp_conn *c)
 
 void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
 {
+	epoll_local_change();
 	if (!atomic_load(&c->fb_done))
 		sdp_log(2, "fd %d: leaving SDP for TCP (%s)", fd,
 			sdp_fallback_by_peer(c) && !sdp_fallback_started(c) ?

@@ -325,7 +325,7 @@ static int after_accept(int lfd, int nfd, int flags)
  * they are made sure of before the kernel's accept: lacking them, accept()
  * fails with EMFILE and the connection stays queued, as with TCP when no
  * descriptor is left (here: when fewer than ACCEPT_SPARE + 1 are). */
-#define ACCEPT_SPARE 3
+#define ACCEPT_SPARE 3   /* rendezvous connection, the region's memfd, a put-back */
 static _Atomic int accept_last = -1;           /* fd the last accept returned */
 static __thread int spare[ACCEPT_SPARE];
 static __thread int nspare;
@@ -553,6 +553,8 @@ EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t le
 	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
 		return dr;
 	struct sdp_conn *c = fd_conn(fd);
+	if (c)
+		epoll_local_change();     /* SO_RCVLOWAT, buffer sizes: readiness */
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
 	    fd_kind(fd) != FDK_NONE) {
 		if (!c) {                     /* not (yet) SDP: accept tunables */
@@ -715,5 +717,7 @@ EXPORT int shutdown(int fd, int how)
 	struct sdp_conn *c = fd_conn(fd);
 	if (!c || atomic_load(&c->state) == SDP_ST_CONNECTING)
 		return real_shutdown(fd, how);
-	return (int)sdp_ret(sdp_shutdown(c, fd, how));
+	int r = (int)sdp_ret(sdp_shutdown(c, fd, how));
+	epoll_local_change();
+	return r;
 }

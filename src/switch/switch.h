@@ -198,6 +198,9 @@ bool listen_defer_get(int fd, void *val, socklen_t *len, int *r);
 void epoll_forget_fd(int fd);
 void epoll_adopt(int fd, struct sdp_conn *c);   /* connect() made fd SDP */
 void epoll_drop_pending(int fd);                /* ... or plain TCP */
+/* This process changed an SDP socket's readiness itself (shutdown,
+ * options, a hand-back): epoll sets look at all their members again. */
+void epoll_local_change(void);
 void epoll_shadow_free(struct ep_shadow *s);
 void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) */
 

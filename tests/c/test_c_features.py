@@ -35,6 +35,7 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
             "t_scribble": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
             "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"},
+            "t_epoll_queue": {"SDP_SPIN_US": "0"},
             # 2 GiB regions: eight would not fit an arena a peer maps
             "t_bigregion": {"SDP_NSLOTS": "1024", "SDP_SLOT_SIZE": "1048576"}}
 
