@@ -787,6 +787,17 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 	e->looked = true;
 	struct ep_cand *k = &s->cand[*nc];
 	uint32_t ev = ent_events(s, e, k);
+	if (!ev && e->c && queues_ours(s) && on_queue(s, e)) {
+		/* Nothing yet: arm it now, not at the next sleep, so that
+		 * its next data brings news even while we stay awake - a
+		 * partial scan sees a member only through news, and one that
+		 * got data unseen while another got news later would be
+		 * served after it (order, ARCHITECTURE 7). Then look again:
+		 * the data may have come before the arm. */
+		sdp_arm_q(e->c, e->fd, e->events, false);
+		e->looked = false;
+		ev = ent_events(s, e, k);
+	}
 	if (!ev) {
 		if (e->seen)
 			e->seen = 0;
