@@ -56,6 +56,17 @@ struct sdp_sock_stats {
 	 * connections between the same two processes share (no system call
 	 * unless the peer's epoll slept); doorbells_tx counts tokens */
 	uint64_t queue_kicks;
+	/* Asynchronous Zero Copy (SDP_AZCOPY=1). tx_bytes is the sum of the
+	 * four tx_*copy_bytes, rx_bytes of the four rx_*copy_bytes. */
+	uint64_t tx_azcopy_bytes; /* bytes whose send() returned while the
+				   * peer had still to read them */
+	uint64_t rx_azcopy_bytes; /* bytes read from such advertisements */
+	uint64_t rx_azasync_bytes;/* bytes whose recv() returned before they
+				   * were copied in (part of the rx_* above) */
+	uint64_t az_faults;       /* accesses that found a page still in flight */
+	uint64_t az_cow_copies;   /* advertisements copied aside to let a
+				   * writer (or free, munmap...) go on */
+	uint64_t az_outstanding;  /* advertisements not read yet, now */
 };
 
 #endif /* SDP_H */

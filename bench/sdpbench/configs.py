@@ -134,6 +134,10 @@ def resolve(configs: list[Config], ctx, netns) -> None:
     # What the library chose for this host (copy routine, zero-copy
     # threshold, page-aliased zero copy), shown in every report.
     ctx.sdp_host = doc.get("host") if doc else None
+    az = ((doc or {}).get("checks") or {}).get("async_zero_copy")
+    if ctx.sdp_host is not None and az:
+        # how Asynchronous Zero Copy would protect pages here, measured
+        ctx.sdp_host = dict(ctx.sdp_host, azcopy=az)
     for c in configs:
         if c.kind in ("tcp", "veth", "sdp") and not os.path.exists(ctx.perf):
             c.available, c.reason = False, f"{ctx.perf} not built"

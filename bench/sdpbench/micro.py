@@ -85,10 +85,18 @@ def sample_from_perf(cfg, cj: dict | None, sj: dict | None, err: str | None,
             extra[f"sdp_stats_{side}"] = j["sdp_stats"]
     st = cj.get("sdp_stats") or (sj or {}).get("sdp_stats")
     if st:
-        tx = sum(st.get(k, 0) for k in ("tx_bcopy_bytes", "tx_rzcopy_bytes", "tx_wzcopy_bytes"))
-        zc = st.get("tx_rzcopy_bytes", 0) + st.get("tx_wzcopy_bytes", 0)
+        tx = sum(st.get(k, 0) for k in ("tx_bcopy_bytes", "tx_rzcopy_bytes", "tx_wzcopy_bytes",
+                                        "tx_azcopy_bytes"))
+        az = st.get("tx_azcopy_bytes", 0)
+        zc = st.get("tx_rzcopy_bytes", 0) + st.get("tx_wzcopy_bytes", 0) + az
         if tx:
             extra["zcopy_fraction"] = zc / tx
+            if az:
+                # Asynchronous Zero Copy: its share, and the sender's
+                # faults on pages in flight / advertisements copied aside
+                extra["azcopy_fraction"] = az / tx
+                extra["az_faults"] = st.get("az_faults", 0)
+                extra["az_cow_copies"] = st.get("az_cow_copies", 0)
     return Sample(ok=True, reason=why, metrics=metrics,
                   cpu_client=(ccpu / secs) if (ccpu is not None and secs) else None,
                   cpu_server=(scpu / secs) if (scpu is not None and secs) else None,

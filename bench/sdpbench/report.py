@@ -123,6 +123,9 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
     zc = any(r.get("extra", {}).get("zcopy_fraction") for r in avail)
     if zc:
         head.append("zero-copy share")
+    azc = any(r.get("extra", {}).get("azcopy_fraction") for r in avail)
+    if azc:
+        head.append("asynchronous share (sender faults, copies aside)")
     head.append("valid")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in avail:
@@ -148,6 +151,11 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
         if zc:
             z = r.get("extra", {}).get("zcopy_fraction")
             cells.append(f"{z['median'] * 100:.0f} %" if z else "–")
+        if azc:
+            ex = r.get("extra", {})
+            a = ex.get("azcopy_fraction")
+            cells.append(f"{a['median'] * 100:.0f} % ({_fmt((ex.get('az_faults') or {}).get('median'))}, "
+                         f"{_fmt((ex.get('az_cow_copies') or {}).get('median'))})" if a else "–")
         if r["valid"]:
             cells.append("yes")
         else:
@@ -192,6 +200,10 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
               f"zero-copy threshold {zc.get('threshold')} bytes; page-aliased zero copy "
               f"{zc.get('page_aliased')} (CMA 64 KiB {zc.get('cma_gbps_same_offset')} GB/s at "
               f"the same page offset, {zc.get('cma_gbps_shifted')} shifted)."]
+        az = h.get("azcopy")
+        if az:
+            L += ["", "Asynchronous Zero Copy on this host (`sdp check`, async_zero_copy): "
+                  + ("" if az.get("ok") else "**not usable**: ") + str(az.get("why"))]
     L += ["", "Ratios: **× tcp** = value / value of `tcp` at the same parameters; **× raw** = "
           "value / the no-socket limit at the same message size (`raw-shm` p50 latency for "
           "latency, `raw-cma` bandwidth for bandwidth). CPU is CPU-seconds per second of the "

@@ -70,13 +70,15 @@ def aggregate(exp: Experiment, cfg, p: dict, samples: list[Sample]) -> dict:
     zf = summarize([s.extra.get("zcopy_fraction") for s in good])
     if zf:
         extra["zcopy_fraction"] = zf
-    for k in ("in_flight",) + tuple(getattr(exp, "extra_stats", ())):
+    for k in ("in_flight", "azcopy_fraction", "az_faults", "az_cow_copies") + \
+            tuple(getattr(exp, "extra_stats", ())):
         st = summarize([s.extra.get(k) for s in good])
         if st:
             extra[k] = st
     for s in good:
         for k, v in s.extra.items():
-            if k not in ("zcopy_fraction", "in_flight") and not k.startswith("sdp_stats"):
+            if k not in ("zcopy_fraction", "in_flight", "azcopy_fraction", "az_faults",
+                         "az_cow_copies") and not k.startswith("sdp_stats"):
                 extra.setdefault(k, v)
     return {"experiment": exp.name, "config": cfg.name, "params": p, "available": True,
             "valid": valid, "reason": reason,

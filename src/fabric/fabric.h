@@ -367,7 +367,8 @@ struct fab_ops {
 	/* Compare-and-swap of the 32-bit word at offset off of a block (whose:
 	 * FAB_OURS or FAB_PEERS), atomic with the peer's zc_cas of the
 	 * same word; returns the value found (== expect: swapped). Only
-	 * sink_state is ever swapped. seq_cst. */
+	 * sink_state and az_moving (our own, between processes sharing the
+	 * connection) are ever swapped. seq_cst. */
 	uint32_t (*zc_cas)(struct fab_ep *ep, unsigned whose, size_t off,
 			   uint32_t expect, uint32_t desired);
 	/* The probe that tells whether we may RDMA-read the peer: probe_addr

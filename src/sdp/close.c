@@ -15,12 +15,15 @@
  * the provider may reuse the memory for another connection (shm: the
  * connecting side's arena slots, fabric/shm_region.c). The switch calls
  * sdp_release for an SDP connection, sdp_release_tcp for one kept on TCP
- * or fallen back, sdp_conn_drop for one whose connect failed at once.
+ * or fallen back, sdp_conn_drop for one whose connect failed at once. A
+ * close with asynchronous advertisements unread (az.h) hands the release
+ * to the progress thread, which makes it once the peer has read them.
  */
 #include <errno.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 
+#include "sdp/az.h"
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
@@ -74,6 +77,12 @@ void sdp_linger_set(struct sdp_conn *c, bool zero)
 void sdp_release(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
+	az_recv_settle(c);                    /* receives still being copied */
+	/* Asynchronous advertisements of ours unread: the release waits until
+	 * the peer has read them (az.h), as a closed TCP socket still sends
+	 * what it had queued; the progress thread makes it then. */
+	if (az_linger(c, fd))
+		return;
 	uint32_t np = atomic_fetch_sub(&c->nproc, 1);
 	sdp_log(3, "release fd %d: %u process(es) held it", fd, np);
 	if (np > 1) {
@@ -106,10 +115,16 @@ void sdp_release(struct sdp_conn *c, int fd)
 				sdp_fallback_fd(c, fd);
 		}
 	}
+	sdp_release_finish(c, fd);
+}
+
+void sdp_release_finish(struct sdp_conn *c, int fd)
+{
+	struct fab_ep *ep = &c->ep;
 	/* Stop asking for kicks and eat tokens already queued, so that the
 	 * kernel closes the TCP socket with a FIN rather than an RST. */
 	ep->ops->disarm(ep, FAB_WAIT_ALL | FAB_WAIT_QALL);
-	if (ep->ops->tokens_due(ep))
+	if (fd >= 0 && ep->ops->tokens_due(ep))
 		ep->ops->drain(ep, fd);
 	/* Our last write to the shared state: after it the peer may reuse
 	 * the memory. */
@@ -121,6 +136,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 
 void sdp_release_tcp(struct sdp_conn *c)
 {
+	az_conn_drop(c);                      /* re-sent on TCP: nothing in flight */
 	bool last = atomic_fetch_sub(&c->nproc, 1) == 1;
 	if (c->ep.ops) {                      /* fell back from SDP */
 		if (last) {

@@ -113,6 +113,10 @@ struct sdp_conn {
 					* only CMA key we accept */
 	_Atomic int32_t key_ok;        /* a peer process verified to hold the far
 					* end (ident.c), besides peer_pid */
+	_Atomic uint32_t zc_sending;   /* a synchronous zero-copy send is
+					* advertising (it may revoke what it
+					* posted: no asynchronous SrcAvail in
+					* between, az.h) */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
 	uint8_t  mode_msg;             /* a ModeChange is still to be posted */
 	uint8_t  pad1[2];
@@ -230,6 +234,9 @@ void    sdp_conn_abort(struct sdp_conn *c, int err);
 void    sdp_abort_insane(struct sdp_conn *c, const char *why);
 /* The connection is reset: make sure the peer sees it (our mark + kick). */
 void    sdp_reset_tell(struct sdp_conn *c, int fd);
+/* Before sleeping: the wake-up the peer may be owed (not to a peer that
+ * sent its FIN or closed). */
+void    sdp_kick_owed(struct sdp_conn *c, int fd);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);
@@ -287,6 +294,10 @@ void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);
 void    zc_ack_cancel(struct sdp_conn *c, int fd);     /* sink: answer cancels */
+/* Our send half's mode; a ModeChange is posted (with a credit of its own)
+ * before the next SrcAvail by zc_post_mode while c->mode_msg is set. */
+void    zc_set_mode(struct sdp_conn *c, int mode);
+void    zc_post_mode(struct sdp_conn *c, int fd);
 const char *zc_mode_name(int mode);
 uint32_t sdp_zcopy_default(void);             /* pool.c: resolves `auto` (calib.c) */
 /* zcopy.c: RDMA Read (write = false) or Write of n bytes at raddr to or
@@ -301,6 +312,11 @@ int  sdp_shutdown(struct sdp_conn *c, int fd, int how);
 void sdp_linger_set(struct sdp_conn *c, bool zero);
 /* Last fd of this process closes: FIN or abort, unmap, maybe free. */
 void sdp_release(struct sdp_conn *c, int fd);
+/* The end of the last release (after the FIN or abort): stop wake-ups,
+ * the closed mark, give the memory and the slot back. fd -1: the TCP
+ * socket is closed already (a close that lingered for asynchronous
+ * advertisements, az.h). */
+void sdp_release_finish(struct sdp_conn *c, int fd);
 /* Last fd of this process closes for a connection kept on TCP or fallen
  * back: give back its endpoint (if it had one) and its slot. */
 void sdp_release_tcp(struct sdp_conn *c);

@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "sdp/az.h"
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/sys.h"
@@ -91,6 +92,32 @@ static int discard_tokens(struct fab_ep *ep, int fd)
 	return 0;
 }
 
+/* The unread part of an asynchronous SrcAvail of ours: from where its
+ * bytes are now - our memory, or a forked process's (Cross Memory Attach,
+ * through a bounce buffer). */
+static int resend_async(struct sdp_conn *c, int fd, const struct sdp_srcavail *sa,
+			uint32_t skip)
+{
+	uint64_t addr = az_where(c, sa, true);
+	if (!addr)
+		return -EPROTO;
+	if (sa->key == (int32_t)sdp_pid)
+		return write_all(fd, (const char *)(uintptr_t)addr + skip, sa->len - skip);
+	char buf[16384];
+	for (uint32_t off = skip; off < sa->len;) {
+		size_t k = sa->len - off < sizeof buf ? sa->len - off : sizeof buf;
+		struct iovec l = { buf, k };
+		ssize_t g = c->ep.ops->rdma_read(&c->ep, &l, 1, addr + off, k, (uint64_t)sa->key);
+		if (g <= 0)
+			return g < 0 ? (int)g : -EIO;
+		int r = write_all(fd, buf, (size_t)g);
+		if (r)
+			return r;
+		off += (uint32_t)g;
+	}
+	return 0;
+}
+
 static int resend_unconsumed(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
@@ -117,14 +144,20 @@ static int resend_unconsumed(struct sdp_conn *c, int fd)
 				return r;
 		} else if (h.mid == SDP_MID_SRC_AVAIL) {
 			/* Our advertised buffer: still valid, since only the
-			 * sending call (this process) falls back while it waits. */
+			 * sending call (this process) falls back while it waits;
+			 * an asynchronous one is kept (protected, or moved) until
+			 * read, by whichever process advertised it. */
 			struct sdp_srcavail sa;
 			memcpy(&sa, m + sizeof h, sizeof sa);
-			bool mine = (ep->ops->traits & FAB_T_MR_KEYS) ? sa.key || sa.key_hi :
-				    sa.key == (int32_t)sdp_pid;
+			/* A network fabric's key is a registration of ours; on
+			 * shm a synchronous one names this process. */
+			bool keys = ep->ops->traits & FAB_T_MR_KEYS;
+			bool mine = keys ? (sa.key || sa.key_hi) && !(sa.flags & SDP_SA_ASYNC) :
+				    (sa.flags & SDP_SA_ASYNC) || sa.key == (int32_t)sdp_pid;
 			if (!mine || skip > sa.len)
 				return -EPROTO;
-			int r = write_all(fd, (const char *)(uintptr_t)sa.addr + skip,
+			int r = (sa.flags & SDP_SA_ASYNC) ? resend_async(c, fd, &sa, skip) :
+				write_all(fd, (const char *)(uintptr_t)sa.addr + skip,
 					  sa.len - skip);
 			if (r)
 				return r;
@@ -301,7 +334,8 @@ static size_t orphan_bytes(struct sdp_conn *c, char *out, size_t cap, int *end)
 			struct sdp_srcavail sa;
 			memcpy(&sa, pl, sizeof sa);
 			uint32_t cid = atomic_load(&pz->cancel_id);
-			if (cid && sa.id <= atomic_load(&pz->cancel_last) && sa.id > c->rx_src_id)
+			if (cid && sa.id <= atomic_load(&pz->cancel_last) && sa.id > c->rx_src_id &&
+			    !(sa.flags & SDP_SA_ASYNC))
 				continue;         /* revoked: no stream bytes */
 			break;                    /* in the peer's memory */
 		}
@@ -471,6 +505,7 @@ bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
 
 int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
 {
+	az_recv_settle(c);                    /* our reads finish before we freeze */
 	struct fab_ep *ep = &c->ep;
 	*subst = -1;
 	if (atomic_load(&c->fb_done))
@@ -518,6 +553,7 @@ done:
 		sys_shutdown(fd, SHUT_RDWR);
 	}
 	atomic_store(&c->fb_done, 1);
+	az_conn_drop(c);                      /* what it advertised went on TCP */
 	c->transport = 0;
 	sdp_log(2, "fd %d left SDP for TCP (%d)", fd, r);
 out:

@@ -105,8 +105,14 @@ static int holds_socket(pid_t pid, uint64_t ino)
 	snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
 	int wl = snprintf(want, sizeof want, "socket:[%llu]", (unsigned long long)ino);
 	DIR *d = opendir(dir);
-	if (!d)
-		return -errno;
+	if (!d) {
+		int e = errno;
+		/* No such process (it died): it holds nothing. A process we
+		 * may not see (hidepid) stays "cannot tell". */
+		if (e == ENOENT && kill(pid, 0) < 0 && errno == ESRCH)
+			return 0;
+		return -e;
+	}
 	int r = 0;
 	struct dirent *e;
 	while (!r && (e = readdir(d))) {
@@ -159,6 +165,8 @@ int sdp_ident_holds_peer(int fd, pid_t pid)
 	union sdp_addr ol, orem;
 	if (r < 0 && other_family(&local, &ol) && other_family(&remote, &orem))
 		r = far_inode(&orem, &ol, &ino);
+	if (r == -ENOENT)
+		return 0;                     /* the far end is closed: nobody holds it */
 	if (r < 0)
 		return r;
 	return holds_socket(pid, ino);

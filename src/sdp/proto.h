@@ -163,7 +163,7 @@ _Static_assert(sizeof(struct sdp_join_answer) == 16, "join answer is 16 bytes");
  * whose hello it cannot serve (asserted with struct sdp_hello above). */
 
 /*
- * SrcAvail payload (after the BSDH), 24 bytes: the data source offers a
+ * SrcAvail payload (after the BSDH), 32 bytes: the data source offers a
  * buffer for the sink to RDMA Read (Read ZCopy).
  *
  *  off len field   meaning
@@ -173,21 +173,58 @@ _Static_assert(sizeof(struct sdp_join_answer) == 16, "join answer is 16 bytes");
  *  16   4  key     the rkey: on shm the source process (Cross Memory
  *                  Attach); on a network fabric the low half of the
  *                  buffer's registration key
- *  20   4  key_hi  the key's high half (network fabrics), zero on shm
+ *  20   4  flags   SDP_SA_ASYNC, or zero; other bits abort the connection
+ *  24   4  key_hi  the key's high half (network fabrics), zero on shm
+ *  28   4  rsvd    zero
  */
 struct sdp_srcavail {
 	uint32_t id;
 	uint32_t len;
 	uint64_t addr;
 	int32_t  key;
+	uint32_t flags;
 	uint32_t key_hi;
+	uint32_t rsvd;
 };
 /* The SrcAvail's whole key. */
 static inline uint64_t sdp_srcavail_key(const struct sdp_srcavail *sa)
 {
 	return (uint64_t)(uint32_t)sa->key | (uint64_t)sa->key_hi << 32;
 }
-_Static_assert(sizeof(struct sdp_srcavail) == 24, "SrcAvail payload is 24 bytes");
+_Static_assert(sizeof(struct sdp_srcavail) == 32, "SrcAvail payload is 32 bytes");
+/* The source's send() has returned (Asynchronous Zero Copy): its bytes may
+ * move before they are read (copy-on-write): the sink reads them where the
+ * source's table of moved advertisements says, after the moving/reading
+ * handshake on az_moving (struct sdp_zctl). */
+#define SDP_SA_ASYNC 0x1u
+
+/*
+ * The source's table of moved advertisements (Asynchronous Zero Copy), in
+ * its own memory at zctl az_table; the sink reads what it needs of it by
+ * RDMA Read (key: the SrcAvail's). A header, then one entry per ring slot,
+ * for SrcAvail id at index id % nslots.
+ *
+ * header, 16 bytes:      entry, 16 bytes:
+ *  off len field          off len field
+ *   0   4  magic           0   4  id    the SrcAvail moved (0: none)
+ *   4   4  pid             4   4  len   its length (as advertised)
+ *   8   4  nslots          8   8  addr  where its bytes are now
+ *  12   4  zero
+ */
+struct sdp_az_thdr {
+	uint32_t magic;          /* SDP_AZ_TABLE_MAGIC */
+	int32_t  pid;            /* the process whose table it is */
+	uint32_t nslots;         /* entries */
+	uint32_t zero;
+};
+_Static_assert(sizeof(struct sdp_az_thdr) == 16, "table header is 16 bytes");
+struct sdp_az_tent {
+	uint32_t id;
+	uint32_t len;
+	uint64_t addr;
+};
+_Static_assert(sizeof(struct sdp_az_tent) == 16, "table entry is 16 bytes");
+#define SDP_AZ_TABLE_MAGIC 0x53444d54u    /* "SDMT" */
 
 /*
  * RdmaWrCompl payload, 8 bytes: the source wrote len bytes into the sink
@@ -242,7 +279,13 @@ _Static_assert(sizeof(struct sdp_modechange) == 4, "ModeChange payload is 4 byte
  *  76   4  refused     nonzero: the kernel refused us reading the peer; it
  *                      revokes its SrcAvails and sends by Buffer Copy (the
  *                      sink's request for Buffered mode)
- *  80  48  reserved
+ *  80   4  az_moving   source: id of an asynchronous SrcAvail whose bytes it
+ *                      is copying aside right now, 0 none (CAS 0 -> id, then
+ *                      0; never while the sink's `reading` is that id)
+ *  84   4  az_zero     zero
+ *  88   8  az_table    source: address of its table of moved advertisements
+ *                      (struct sdp_az_thdr), 0 = none moved yet
+ *  96  32  reserved
  */
 struct sdp_zctl {
 	_Atomic uint32_t rd_done;
@@ -261,13 +304,18 @@ struct sdp_zctl {
 	uint64_t probe_addr;
 	_Atomic uint32_t reading;
 	_Atomic uint32_t refused;
-	char reserved[48];
+	_Atomic uint32_t az_moving;
+	uint32_t az_zero;
+	_Atomic uint64_t az_table;
+	char reserved[32];
 };
 _Static_assert(sizeof(struct sdp_zctl) == 128, "zero-copy control words are 128 bytes");
 _Static_assert(offsetof(struct sdp_zctl, sink_state) == 20, "sink_state at 20");
 _Static_assert(offsetof(struct sdp_zctl, pid) == 48, "pid at 48");
 _Static_assert(offsetof(struct sdp_zctl, cancel_last) == 60, "cancel_last at 60");
 _Static_assert(offsetof(struct sdp_zctl, refused) == 76, "refused at 76");
+_Static_assert(offsetof(struct sdp_zctl, az_moving) == 80, "az_moving at 80");
+_Static_assert(offsetof(struct sdp_zctl, az_table) == 88, "az_table at 88");
 
 enum { SDP_SINK_NONE = 0, SDP_SINK_OFFERED, SDP_SINK_TAKEN, SDP_SINK_WITHDRAWN };
 

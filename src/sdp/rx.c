@@ -15,6 +15,7 @@
 #include <poll.h>
 #include <string.h>
 
+#include "sdp/az.h"
 #include "sdp/iov.h"
 #include "sdp/log.h"
 #include "sdp/rx.h"
@@ -232,6 +233,10 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	if (flags & MSG_OOB)
 		return -EINVAL;               /* no urgent data is ever pending */
 
+	/* Pages of the buffer in flight (sent asynchronously, or still being
+	 * received into) must be ours again before we write them (az.h). */
+	az_settle_iov(iov, iovcnt, true);
+	az_progress(c);
 	int r = sdp_lock(&c->rx_lock);
 	if (r)
 		return r;
@@ -240,7 +245,8 @@ ssize_t sdp_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
 	uint32_t thresh = atomic_load(&c->zcopy_thresh);
 	struct rx_call rc = {
 		.c = c, .fd = fd, .iov = iov, .iovcnt = iovcnt, .total = total,
-		.peek = peek, .thresh = thresh, .bounce = !thresh || total < thresh,
+		.peek = peek, .nonblock = nonblock, .thresh = thresh,
+		.bounce = !thresh || total < thresh,
 	};
 	/* SO_RCVLOWAT: a blocking recv returns once this much is copied. */
 	size_t lowat = atomic_load(&c->rcvlowat);
@@ -444,5 +450,5 @@ void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
-	c->ep.ops->kick_owed(&c->ep, fd);     /* we may sleep now */
+	sdp_kick_owed(c, fd);                 /* we may sleep now */
 }

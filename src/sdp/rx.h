@@ -27,6 +27,7 @@ struct rx_call {
 	size_t total;                  /* bytes asked for */
 	size_t copied;                 /* bytes delivered so far */
 	bool peek;                     /* MSG_PEEK: consume nothing */
+	bool nonblock;                 /* MSG_DONTWAIT or O_NONBLOCK */
 	uint32_t thresh;               /* the zero-copy threshold (0: off) */
 	bool bounce;                   /* below the zero-copy threshold: read
 					* SrcAvails through a bounce buffer */

@@ -24,6 +24,10 @@ struct sdp_tunables sdp_tun = {
 	.ofi_port_offset = 1000,
 	.ofi_hello_ms = 500,
 	.ofi_provider_auto = 1,
+	.azcopy_thresh = 65536,
+	.az_depth = 8,
+	.az_recv = 1,
+	.az_cool = 64,
 };
 char sdp_ofi_provider[32];
 
@@ -39,6 +43,30 @@ static bool ofi_prov_check(const char *name)
 		      name[i] == '_' || name[i] == '-'))
 			return false;
 	memcpy(sdp_ofi_provider, name, n + 1);
+	return true;
+}
+
+/* SDP_AZ_FAULT: what a write to a page still in flight does. */
+static bool az_fault_check(const char *name)
+{
+	if (!strcmp(name, "block"))
+		sdp_tun.az_fault = 0;
+	else if (!strcmp(name, "copy"))
+		sdp_tun.az_fault = 1;
+	else
+		return false;
+	return true;
+}
+
+/* SDP_AZ_PROTECT: how pages in flight are protected (enum az_mech). */
+static bool az_protect_check(const char *name)
+{
+	if (!strcmp(name, "mprotect"))
+		sdp_tun.az_protect = 1;
+	else if (!strcmp(name, "uffd"))
+		sdp_tun.az_protect = 2;
+	else
+		return false;
 	return true;
 }
 
@@ -104,6 +132,38 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .is_auto = &sdp_tun.ofi_provider_auto, .check = ofi_prov_check,
 	  .help = "between hosts: the libfabric provider, auto = the first with "
 		  "FI_EP_MSG, FI_MSG and FI_RMA" },
+	{ .env = "SDP_AZCOPY", .set = "azcopy", .kind = SDP_TK_NUM, .def = "0",
+	  .lo = 0, .hi = 1, .unit = "flag", .var = &sdp_tun.azcopy,
+	  .help = "1: Asynchronous Zero Copy - a large blocking send returns at once, "
+		  "its pages write-protected until the peer has read them" },
+	{ .env = "SDP_AZCOPY_THRESH", .set = "azcopy_thresh", .kind = SDP_TK_NUM,
+	  .def = "65536", .lo = 4096, .hi = 1u << 30, .unit = "bytes",
+	  .var = &sdp_tun.azcopy_thresh,
+	  .help = "with SDP_AZCOPY=1: blocking sends and receives of at least this "
+		  "many bytes are asynchronous" },
+	{ .env = "SDP_AZ_FAULT", .set = "az_fault", .kind = SDP_TK_NAME, .def = "block",
+	  .unit = "name", .choices = "block, copy", .is_auto = &sdp_tun.az_fault_auto,
+	  .check = az_fault_check,
+	  .help = "a write to a page still in flight waits until the peer has read it "
+		  "(block), or copies it aside and goes on (copy); auto = block" },
+	{ .env = "SDP_AZ_DEPTH", .set = "az_depth", .kind = SDP_TK_NUM, .def = "8",
+	  .lo = 1, .hi = 64, .unit = "advertisements", .var = &sdp_tun.az_depth,
+	  .help = "asynchronous advertisements outstanding per connection; a send "
+		  "beyond them waits" },
+	{ .env = "SDP_AZ_PROTECT", .set = "az_protect", .kind = SDP_TK_NAME,
+	  .def = "auto", .unit = "name", .choices = "mprotect, uffd",
+	  .is_auto = &sdp_tun.az_protect_auto, .check = az_protect_check,
+	  .help = "how pages in flight are protected: mprotect (SIGSEGV), uffd "
+		  "(userfaultfd write-protect), auto = measured at first use" },
+	{ .env = "SDP_AZ_RECV", .set = "az_recv", .kind = SDP_TK_NUM, .def = "1",
+	  .lo = 0, .hi = 1, .unit = "flag", .var = &sdp_tun.az_recv,
+	  .help = "with SDP_AZCOPY=1 and userfaultfd: a blocking recv of advertised "
+		  "data may return before the copy, its pages inaccessible until done" },
+	{ .env = "SDP_AZ_COOL", .set = "az_cool", .kind = SDP_TK_NUM, .def = "64",
+	  .lo = 0, .hi = 65536, .unit = "sends",
+	  .help = "when most of 16 asynchronous sends were written while in flight, "
+		  "this many sends (doubling while it goes on) are synchronous; 0 = never",
+	  .var = &sdp_tun.az_cool },
 	{ .env = "SDP_LOG", .kind = SDP_TK_LEVEL, .def = "0", .lo = 0, .hi = 3,
 	  .unit = "level", .var = &sdp_tun.log_level,
 	  .help = "diagnostics on stderr (above 3: as 3)" },
@@ -231,4 +291,8 @@ void sdp_tunables_load(sdp_tun_lookup lookup, void *arg, sdp_tun_report report,
 			vals[i] = tv;
 	}
 	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;
+	if (sdp_tun.az_fault_auto)
+		sdp_tun.az_fault = 0;
+	if (sdp_tun.az_protect_auto)
+		sdp_tun.az_protect = 0;
 }

@@ -35,6 +35,20 @@ struct sdp_tunables {
 	uint32_t ofi_hello_ms;         /* longest wait for a network rendezvous, ms */
 	uint32_t ofi_provider_auto;    /* 1: any libfabric provider */
 	uint32_t log_level;            /* SDP_LOG, 0..3 */
+	/* Asynchronous Zero Copy (az.h) */
+	uint32_t azcopy;               /* 1: on */
+	uint32_t azcopy_thresh;        /* bytes: a blocking send at least this
+					* large advertises asynchronously */
+	uint32_t az_fault;             /* 0 block-on-write, 1 copy-on-write */
+	uint32_t az_fault_auto;        /* "auto" given: block */
+	uint32_t az_depth;             /* asynchronous advertisements outstanding
+					* per connection, at most */
+	uint32_t az_protect;           /* enum az_mech: 0 = measure, 1 mprotect,
+					* 2 userfaultfd */
+	uint32_t az_protect_auto;      /* "auto" given */
+	uint32_t az_recv;              /* 1: a recv may return before the copy */
+	uint32_t az_cool;              /* sends made synchronously after most of
+					* 16 were written while in flight (0 never) */
 };
 extern struct sdp_tunables sdp_tun;
 /* The libfabric provider asked for (SDP_OFI_PROVIDER), "" = any. */

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <string.h>
 
+#include "sdp/az.h"
 #include "sdp/conn.h"
 #include "sdp/iov.h"
 #include "sdp/proto.h"
@@ -228,6 +229,10 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	bool nonblock = (flags & MSG_DONTWAIT) || atomic_load(&c->nonblock);
 	struct fab_ep *ep = &c->ep;
 
+	/* Pages of the buffer still being received into must be filled
+	 * before we read them (az.h); our completions first. */
+	az_settle_iov(iov, iovcnt, false);
+	az_progress(c);
 	int r = sdp_lock(&c->tx_lock);
 	if (r)
 		return r;
@@ -245,6 +250,22 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	/* A byte-limited window is a small one: Buffer Copy only. */
 	size_t room = sdp_tx_room(c);
 	bool limited = room != SIZE_MAX;
+	if (!limited && !nonblock && az_on() && !FAB_EP_NET(ep)) {
+		/* Asynchronous Zero Copy (az.h): advertise, protect, return
+		 * (shm only: its reads are Cross Memory Attach). */
+		bool used;
+		ssize_t z = az_send(c, fd, iov, iovcnt, total, &used);
+		if (used) {
+			if (z > 0)
+				c->st.tx_bytes += (uint64_t)z;
+			c->st.credits = ep->ops->credits(ep);
+			sdp_unlock(&c->tx_lock);
+			sdp_reset_tell(c, fd);
+			if (z > 0)
+				sdp_proc_bytes((uint64_t)z, 0, false);
+			return z;
+		}
+	}
 	if (!limited && zc_usable(c, fd, total, nonblock)) {
 		bool go_bcopy;
 		ssize_t z = zc_send(c, fd, iov, iovcnt, 0, total, &go_bcopy);

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "sdp/az.h"
 #include "sdp/conn.h"
 #include "sdp/proto.h"
 #include "sdp/spin.h"
@@ -201,6 +202,7 @@ void sdp_on_wakeup(struct sdp_conn *c, int fd)
 		c->st.doorbells_rx++;
 	note_wakeup_result(c, r);
 	wake_others(c);
+	az_progress(c);                       /* a read of ours may be done */
 }
 
 static int64_t remaining_ms(uint64_t deadline)
@@ -539,7 +541,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 			break;
 		}
 		/* The peer may sleep too, for something we gave it. */
-		ep->ops->kick_owed(ep, fd);
+		sdp_kick_owed(c, fd);
 		if (watching) {
 			ret = sleep_on_fd(c, fd, flags, deadline);
 			sdp_unwatch(c);       /* let another waiter watch */
@@ -555,6 +557,19 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 		ep->ops->disarm(ep, what);
 	sdp_reset_tell(c, fd);
 	return ret;
+}
+
+/*
+ * Before we sleep: a wake-up the peer may be owed (the provider's
+ * kick_owed). Not to a peer that has sent its FIN or closed: it waits for
+ * nothing of ours that needs it, and after its socket is gone a token
+ * would only make its kernel answer with a reset (a close that lingers
+ * for asynchronous advertisements, az.h).
+ */
+void sdp_kick_owed(struct sdp_conn *c, int fd)
+{
+	if (!sdp_marked(c, FAB_M_FIN | FAB_M_CLOSED))
+		c->ep.ops->kick_owed(&c->ep, fd);
 }
 
 /*

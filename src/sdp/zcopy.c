@@ -56,7 +56,8 @@ void zc_attach(struct sdp_conn *c)
 	z->probe_addr = c->ep.ops->probe_addr(&c->ep);
 	/* Optimistic: if the kernel refuses a read later, we refuse that
 	 * SrcAvail and the source falls back to Buffer Copy. */
-	atomic_store(&z->adv_max, sdp_tun.zcopy_depth);
+	atomic_store(&z->adv_max, sdp_tun.azcopy && sdp_tun.az_depth > sdp_tun.zcopy_depth ?
+		     sdp_tun.az_depth : sdp_tun.zcopy_depth);
 	atomic_store(&z->mode, SDP_MODE_BUFFERED);
 	sdp_zc_publish(c, rd_done, refused);
 }
@@ -224,7 +225,7 @@ static ssize_t try_sink(struct sdp_conn *c, int fd, const struct iovec *iov,
 
 /* Our half's mode; the ModeChange message is posted (with a credit of its
  * own) before the next SrcAvail: see post_mode. */
-static void set_mode(struct sdp_conn *c, int mode)
+void zc_set_mode(struct sdp_conn *c, int mode)
 {
 	if (c->mode == mode)
 		return;
@@ -234,7 +235,7 @@ static void set_mode(struct sdp_conn *c, int mode)
 	c->mode_msg = 1;
 }
 
-static void post_mode(struct sdp_conn *c, int fd)
+void zc_post_mode(struct sdp_conn *c, int fd)
 {
 	struct sdp_modechange m = { .mode = c->mode };
 	struct iovec v = { &m, sizeof m };
@@ -289,8 +290,22 @@ static int cancel_and_wait(struct sdp_conn *c, int fd, uint32_t first, uint32_t 
 	return 0;
 }
 
+static ssize_t send_sync(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
+			 size_t off, size_t len, bool *go_bcopy);
+
+/* A synchronous send may revoke what it advertised: while it runs no
+ * asynchronous SrcAvail is posted among its own (az.h). */
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy)
+{
+	atomic_store(&c->zc_sending, 1);
+	ssize_t r = send_sync(c, fd, iov, iovcnt, off, len, go_bcopy);
+	atomic_store(&c->zc_sending, 0);
+	return r;
+}
+
+static ssize_t send_sync(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
+			 size_t off, size_t len, bool *go_bcopy)
 {
 	*go_bcopy = false;
 	struct fab_ep *ep = &c->ep;
@@ -310,7 +325,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		return (ssize_t)done;         /* the sink cannot read us: BCopy */
 	if (depth > sdp_tun.zcopy_depth)
 		depth = sdp_tun.zcopy_depth;
-	set_mode(c, depth > 1 ? SDP_MODE_PIPELINED : SDP_MODE_COMBINED);
+	zc_set_mode(c, depth > 1 ? SDP_MODE_PIPELINED : SDP_MODE_COMBINED);
 	size_t chunk = depth > 1 ? sdp_tun.zcopy_chunk : len;
 
 	/* Overlap: the last part goes by Buffer Copy behind the SrcAvails.
@@ -340,7 +355,7 @@ ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		while (advertised < zlen && last_id - atomic_load(&pz->rd_done) < depth &&
 		       ep->ops->credits(ep) > 0) {
 			if (c->mode_msg) {
-				post_mode(c, fd);
+				zc_post_mode(c, fd);
 				continue;     /* re-check the credits */
 			}
 			/* One SrcAvail is contiguous: stay in one iovec element. */

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "sdp/az.h"
 #include "sdp/iov.h"
 #include "sdp/log.h"
 #include "sdp/rx.h"
@@ -33,7 +34,8 @@ bool srcavail_revoked(struct sdp_conn *c, const char *pl)
 	memcpy(&sa, pl, sizeof sa);
 	struct sdp_zctl *pz = sdp_zc_peer(c);
 	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
-	return cid && sa.id <= clast && sa.id > c->rx_src_id;
+	/* An asynchronous advertisement is never revoked: its send returned. */
+	return cid && sa.id <= clast && sa.id > c->rx_src_id && !(sa.flags & SDP_SA_ASYNC);
 }
 
 /*
@@ -47,17 +49,22 @@ bool srcavail_revoked(struct sdp_conn *c, const char *pl)
  */
 static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_t off,
 			     const struct iovec *iov, int iovcnt, size_t copied,
-			     size_t room, bool peek, bool bounce, bool *whole)
+			     size_t room, bool peek, bool bounce, bool async_ok, bool *whole)
 {
 	struct fab_ep *ep = &c->ep;
 	struct sdp_zctl *z = sdp_zc_me(c), *pz = sdp_zc_peer(c);
 	struct sdp_srcavail sa;
+	/* An asynchronous receive still copying holds `reading` and rd_done
+	 * (which goes in order): it finishes first. */
+	if (az_recv_busy(c))
+		az_recv_settle(c);
 	memcpy(&sa, pl, sizeof sa);
 	*whole = false;
 	if (sa.id <= c->rx_src_id || sa.id - c->rx_src_id > ep->nslots ||
 	    sa.len == 0 || sa.len > (1u << 30) || !sa.addr ||
 	    !sdp_srcavail_key(&sa) || (sa.key <= 0 && !(ep->ops->traits & FAB_T_MR_KEYS)) ||
-	    off > sa.len) {
+	    off > sa.len || (sa.flags & ~SDP_SA_ASYNC) || sa.rsvd ||
+	    ((sa.flags & SDP_SA_ASYNC) && (ep->ops->traits & FAB_T_MR_KEYS))) {
 		sdp_log(0, "malformed SrcAvail (id %u len %u): connection aborted",
 			sa.id, sa.len);
 		sdp_conn_abort(c, ECONNRESET);
@@ -72,7 +79,8 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	 * is still unread (it is here, at the head) is revoked: a later cancel
 	 * must not bring an earlier revoked buffer back to life. */
 	uint32_t cid = atomic_load(&pz->cancel_id), clast = atomic_load(&pz->cancel_last);
-	if (cid && sa.id <= clast) {
+	bool async = sa.flags & SDP_SA_ASYNC;
+	if (cid && sa.id <= clast && !async) {
 		atomic_store(&z->reading, 0);
 		*whole = true;                /* revoked: skip it */
 		if (!peek) {
@@ -100,11 +108,42 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 	 * connection: never let a peer point our reads at another process,
 	 * or at ourselves. Unknowable (no access to /proc): refuse below. */
 	int kc = zc_key_check(c, fd, sa.key);
+	if (kc == 1 && async) {
+		/* The source's send returned: its bytes may have moved, or be
+		 * moving now (az_moving, which it sets before it looks at our
+		 * `reading`, as we set `reading` before we look at its mark). */
+		uint64_t at = az_src_addr(c, &sa, fd);
+		if (at == 0) {
+			atomic_store(&z->reading, 0);
+			sdp_zc_publish(c, reading, reading);
+			sdp_log(0, "SrcAvail %u: where its bytes moved cannot be told: "
+				"connection aborted", sa.id);
+			sdp_conn_abort(c, ECONNRESET);
+			return -ECONNRESET;
+		}
+		sa.addr = at;
+		/* A blocking recv may return before its whole pages are
+		 * filled (az.h): the progress thread copies them. */
+		ssize_t a = async_ok && !peek ?
+			    az_recv_take(c, fd, &sa, at, off, iov, iovcnt, copied, room) : 0;
+		if (a < 0) {
+			sdp_log(0, "RDMA Read of SrcAvail %u failed: connection aborted", sa.id);
+			sdp_conn_abort(c, ECONNRESET);
+			return -ECONNRESET;
+		}
+		if (a > 0) {
+			*whole = true;
+			c->rx_src_id = sa.id;
+			c->st.rx_azcopy_bytes += (uint64_t)a;
+			return a;             /* `reading` stays: the copy's */
+		}
+	}
 	if (kc == 0) {
 		atomic_store(&z->reading, 0);
 		sdp_zc_publish(c, reading, reading);
 		sdp_log(0, "SrcAvail %u names process %d, which does not hold "
-			"this connection: connection aborted", sa.id, (int)sa.key);
+			"this connection (it never did, or it died): connection aborted",
+			sa.id, (int)sa.key);
 		sdp_conn_abort(c, ECONNRESET);
 		return -ECONNRESET;
 	}
@@ -148,9 +187,11 @@ static ssize_t read_srcavail(struct sdp_conn *c, int fd, const char *pl, uint32_
 		if (got > 0 && (size_t)got < n)
 			n = (size_t)got;      /* a partial copy is progress */
 	}
-	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek) {
+	if (got < 0 && (errno == EPERM || errno == EACCES) && !peek && !async) {
 		/* The kernel will not let us read the source: refuse; it
-		 * revokes its SrcAvails and sends by Buffer Copy instead. */
+		 * revokes its SrcAvails and sends by Buffer Copy instead.
+		 * Not an asynchronous one: its send() returned and nothing
+		 * would revoke it - the read failed (below), as TCP resets. */
 		int e = errno;
 		atomic_store(&z->reading, 0);
 		atomic_store(&z->adv_max, 0);
@@ -181,7 +222,10 @@ failed:
 			atomic_store(&z->rd_done, sa.id);
 		}
 		sdp_zc_publish(c, rd_done, rd_bytes);
-		c->st.rx_rzcopy_bytes += n;
+		if (async)
+			c->st.rx_azcopy_bytes += n;
+		else
+			c->st.rx_rzcopy_bytes += n;
 	} else if (off + n == sa.len) {
 		*whole = true;
 	}
@@ -253,11 +297,16 @@ int rx_on_srcavail(struct rx_call *rc, const struct sdp_bsdh *h, const char *pl)
 	if (r)
 		return r;
 	bool whole;
+	/* Asynchronous bytes go straight into a large enough buffer, whatever
+	 * the synchronous threshold says. */
+	struct sdp_srcavail sa;
+	memcpy(&sa, pl, sizeof sa);
+	bool bounce = rc->bounce && !((sa.flags & SDP_SA_ASYNC) && sdp_tun.azcopy &&
+				      rc->total - rc->copied >= 16384);
 	ssize_t n = read_srcavail(c, rc->fd, pl, rc->off, rc->iov, rc->iovcnt, rc->copied,
-				  rc->total - rc->copied, rc->peek, rc->bounce, &whole);
+				  rc->total - rc->copied, rc->peek, bounce, !rc->nonblock,
+				  &whole);
 	if (n == -EAGAIN) {                   /* refused: wait for the revocation */
-		struct sdp_srcavail sa;
-		memcpy(&sa, pl, sizeof sa);
 		rc->refused = sa.id;
 		return -EAGAIN;
 	}

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "sdp/az.h"
 #include "sdp/copy.h"
 #include "switch/switch.h"
 #include "sdp/sys.h"
@@ -98,8 +99,10 @@ static void tun_refuse_unworkable(void)
 static void at_exit(void)
 {
 	/* Under seccomp they were written before the filter (sandbox.c). */
-	if (!atomic_load(&sdp_passthru))
+	if (!atomic_load(&sdp_passthru)) {
+		az_at_exit();                 /* peers read what we advertised */
 		sdp_proc_write_stats(getenv("SDP_STATS_DIR"));
+	}
 }
 
 static void atfork_child(void)
@@ -165,6 +168,7 @@ static void do_init(void)
 		.log = sdp_log_at,
 	};
 	fab_init(&fp);
+	sdp_az_switch_init();
 	int r = sdp_pool_init();
 	if (r < 0)
 		sdp_logf("connection pool unavailable (%s): all sockets stay TCP",

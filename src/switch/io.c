@@ -14,10 +14,24 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "sdp/az.h"
 #include "switch/switch.h"
 #include "sdp/sys.h"
 
 extern void __chk_fail(void) __attribute__((noreturn));
+
+/* The kernel is to write into the application's buffer: a page of it that
+ * asynchronous zero copy protects with mprotect must be writable first
+ * (sdp/az.h). One load while nothing is in flight. */
+#define AZ_SETTLE(b, n) do { \
+	if (atomic_load_explicit(&az_nspans, memory_order_relaxed)) { \
+		struct iovec v_ = { (b), (n) }; \
+		az_settle_syscall(&v_, 1); \
+	} } while (0)
+#define AZ_SETTLE_V(iov, n) do { \
+	if (atomic_load_explicit(&az_nspans, memory_order_relaxed) && (n) > 0) \
+		az_settle_syscall((iov), (n)); \
+	} while (0)
 
 /* A nonblocking connect may have finished (or failed) since the last call. */
 static struct sdp_conn *settle(int fd, struct sdp_conn *c)
@@ -109,8 +123,10 @@ EXPORT ssize_t read(int fd, void *buf, size_t n)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		AZ_SETTLE(buf, n);
 		return real_read(fd, buf, n);
+	}
 	struct iovec v = { buf, n };
 	return do_recv(c, fd, &v, 1, 0);
 }
@@ -136,8 +152,10 @@ EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		AZ_SETTLE_V(iov, n);
 		return real_readv(fd, iov, n);
+	}
 	if (n < 0 || n > IOV_MAX) {
 		errno = EINVAL;
 		return -1;
@@ -162,8 +180,10 @@ EXPORT ssize_t recv(int fd, void *buf, size_t n, int flags)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		AZ_SETTLE(buf, n);
 		return real_recv(fd, buf, n, flags);
+	}
 	struct iovec v = { buf, n };
 	return do_recv(c, fd, &v, 1, flags);
 }
@@ -190,8 +210,10 @@ EXPORT ssize_t recvfrom(int fd, void *buf, size_t n, int flags,
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		AZ_SETTLE(buf, n);
 		return real_recvfrom(fd, buf, n, flags, addr, alen);
+	}
 	struct iovec v = { buf, n };
 	ssize_t r = do_recv(c, fd, &v, 1, flags);
 	if (r >= 0 && addr && alen)
@@ -222,8 +244,11 @@ EXPORT ssize_t recvmsg(int fd, struct msghdr *m, int flags)
 {
 	SDP_INIT();
 	struct sdp_conn *c = sdp_fd_conn(fd);
-	if (!c)
+	if (!c) {
+		if (m && m->msg_iovlen <= IOV_MAX)
+			AZ_SETTLE_V(m->msg_iov, (int)m->msg_iovlen);
 		return real_recvmsg(fd, m, flags);
+	}
 	if (!m || m->msg_iovlen > IOV_MAX) {
 		errno = m ? EMSGSIZE : EFAULT;
 		return -1;

@@ -18,6 +18,7 @@
 #include <spawn.h>
 #include <stdio.h>
 
+#include "sdp/az.h"
 #include "switch/switch.h"
 
 extern char **environ;
@@ -32,10 +33,20 @@ static void *next(const char *name)
 	return dlsym(RTLD_NEXT, name);
 }
 
+/* This image is replaced: what peers still have to read of its memory
+ * (asynchronous zero copy) is read first; then the sockets leave SDP. A
+ * vfork child shares its parent's memory, which stays. */
+static void before_exec(void)
+{
+	if (!sdp_in_vfork_child())
+		az_before_exec();
+	fd_before_exec();
+}
+
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
 	SDP_INIT();
-	fd_before_exec();
+	before_exec();
 	return ((execve_fn)next("execve"))(path, argv, envp);
 }
 
@@ -47,7 +58,7 @@ EXPORT int execv(const char *path, char *const argv[])
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
 	SDP_INIT();
-	fd_before_exec();
+	before_exec();
 	return ((execvpe_fn)next("execvpe"))(file, argv, envp);
 }
 
@@ -59,7 +70,7 @@ EXPORT int execvp(const char *file, char *const argv[])
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
 	SDP_INIT();
-	fd_before_exec();
+	before_exec();
 	return ((fexecve_fn)next("fexecve"))(fd, argv, envp);
 }
 
@@ -67,7 +78,7 @@ EXPORT int execveat(int dirfd, const char *path, char *const argv[],
 		    char *const envp[], int flags)
 {
 	SDP_INIT();
-	fd_before_exec();
+	before_exec();
 	return ((execveat_fn)next("execveat"))(dirfd, path, argv, envp, flags);
 }
 

@@ -104,6 +104,9 @@ int  fd_leave_all(void);
 void fd_passthru(void);
 void conn_hold(struct sdp_conn *c);
 
+/* azsw.c: Asynchronous Zero Copy's view of signals and memory calls */
+void sdp_az_switch_init(void);
+
 /* config.c */
 void sdp_init(void);
 extern int sdp_inited;

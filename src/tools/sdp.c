@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "sdp/az.h"
 #include "sdp/pool.h"
 #include "sdp/calib.h"
 #include "fabric/fabric.h"
@@ -158,7 +159,7 @@ static int cmd_run(int argc, char **argv)
 
 /* ---- check -------------------------------------------------------------- */
 
-struct check { const char *name; bool ok; char why[200]; };
+struct check { const char *name; bool ok; char why[400]; };
 
 static void cma_selftest(struct check *c)
 {
@@ -476,9 +477,30 @@ static int cmd_check(int argc, char **argv)
 	}
 	n++;
 
+	/* Asynchronous zero copy: zero copy, and pages that can be protected
+	 * (mprotect always can; userfaultfd as measured). */
+	struct az_calib az;
+	sdp_tunables_load(NULL, NULL, NULL, NULL, NULL);
+	az_calibrate(&az, true);
+	ck[n].name = "async_zero_copy";
+	ck[n].ok = ck[3].ok && az.mprotect_us > 0;
+	snprintf(ck[n].why, sizeof ck[n].why, "protects with %s (%s); faults %.1f us "
+		 "(mprotect), %.1f us (userfaultfd)%s%s",
+		 az.choice == AZ_MECH_UFFD ? "userfaultfd" : "mprotect", az.why,
+		 az.mprotect_fault_us, az.uffd_fault_us, az.uffd_ok ? "" : "; ",
+		 az.uffd_ok ? "" : az.uffd_why);
+	int azk = n++;
+
 	bool cma = ck[3].ok;
 	if (json) {
-		printf("{\"features\": [\"bcopy\"%s], ", cma ? ", \"zcopy\"" : "");
+		printf("{\"features\": [\"bcopy\"%s%s], ", cma ? ", \"zcopy\"" : "",
+		       ck[azk].ok ? ", \"azcopy\"" : "");
+		printf("\"azcopy\": {\"protect\": \"%s\", \"why\": \"%s\", "
+		       "\"uffd\": %s, \"mprotect_cycle_us\": %.2f, \"uffd_cycle_us\": %.2f, "
+		       "\"mprotect_fault_us\": %.2f, \"uffd_fault_us\": %.2f}, ",
+		       az.choice == AZ_MECH_UFFD ? "uffd" : "mprotect", az.why,
+		       az.uffd_ok ? "true" : "false", az.mprotect_us, az.uffd_us,
+		       az.mprotect_fault_us, az.uffd_fault_us);
 		host_report(true, recal);
 		tunables_report(true);
 		ofi_report(true);
@@ -490,8 +512,9 @@ static int cmd_check(int argc, char **argv)
 	} else {
 		for (int i = 0; i < n; i++)
 			printf("%-20s %-4s %s\n", ck[i].name, ck[i].ok ? "ok" : "no", ck[i].why);
-		printf("%-20s      bcopy%s\n", "features",
-		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)");
+		printf("%-20s      bcopy%s%s\n", "features",
+		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)",
+		       ck[azk].ok ? " azcopy" : "");
 		host_report(false, recal);
 		ofi_report(false);
 	}

@@ -508,6 +508,9 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       "\"tx_rzcopy_bytes\": %llu, \"rx_rzcopy_bytes\": %llu, "
 		       "\"tx_wzcopy_bytes\": %llu, \"rx_wzcopy_bytes\": %llu, "
 		       "\"mr_cache_hits\": %llu, \"mr_cache_misses\": %llu, "
+		       "\"tx_azcopy_bytes\": %llu, \"rx_azcopy_bytes\": %llu, "
+		       "\"rx_azasync_bytes\": %llu, \"az_faults\": %llu, "
+		       "\"az_cow_copies\": %llu, \"az_outstanding\": %llu, "
 		       "\"credits\": %u}",
 		       first ? "" : ",", pid, fd, la, ra,
 		       c->transport ? "sdp" : "tcp", fab,
@@ -525,6 +528,12 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       (unsigned long long)c->st.rx_wzcopy_bytes,
 		       (unsigned long long)c->ep.mr_hits,
 		       (unsigned long long)c->ep.mr_misses,
+		       (unsigned long long)c->st.tx_azcopy_bytes,
+		       (unsigned long long)c->st.rx_azcopy_bytes,
+		       (unsigned long long)c->st.rx_azasync_bytes,
+		       (unsigned long long)c->st.az_faults,
+		       (unsigned long long)c->st.az_cow_copies,
+		       (unsigned long long)c->st.az_outstanding,
 		       c->st.credits);
 	else
 		printf("%-7d %-4d %-22s %-22s %-5s %-11s %-9s %12llu %12llu %9llu %9llu %4u\n",

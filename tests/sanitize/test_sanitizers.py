@@ -71,6 +71,19 @@ def tsan():
     return _build("thread")
 
 
+# LeakSanitizer in the child of a fork() made while the library's progress
+# thread (Asynchronous Zero Copy) ran still lists that thread, which the
+# child does not have, and says so before it checks for leaks anyway. A
+# report file with nothing else in it is that notice, not a finding.
+_FORK_NOTICE = re.compile(r"==\d+==Running thread \d+ was not suspended\. "
+                          r"False leaks are possible\.")
+
+
+def _only_fork_notice(path):
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    return bool(lines) and all(_FORK_NOTICE.fullmatch(ln.strip()) for ln in lines)
+
+
 def _run(prog, lib, runtime, opts_var, opts, tmp_path):
     exe = BIN_DIR / prog
     if not exe.exists():
@@ -89,7 +102,7 @@ def _run(prog, lib, runtime, opts_var, opts, tmp_path):
                              timeout=240)
     except subprocess.TimeoutExpired:
         pytest.fail("%s hung under the sanitizer" % prog, pytrace=False)
-    reports = sorted(logs.iterdir())
+    reports = [r for r in sorted(logs.iterdir()) if not _only_fork_notice(r)]
     if reports:
         text = "\n".join(r.read_text(errors="replace")[:6000] for r in reports[:3])
         pytest.fail("%s: %d sanitizer report(s):\n%s" % (prog, len(reports), text),

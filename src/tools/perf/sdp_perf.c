@@ -177,7 +177,7 @@ static int transport_of(int fd)
 	return errno == ENOPROTOOPT ? -1 : -2;
 }
 
-struct tstats { uint64_t v[6]; int have; };
+struct tstats { uint64_t v[11]; int have; };
 
 static void sdp_stats_add(int fd, struct tstats *acc)
 {
@@ -193,6 +193,11 @@ static void sdp_stats_add(int fd, struct tstats *acc)
 	acc->v[3] += st.rx_bcopy_bytes;
 	acc->v[4] += st.rx_rzcopy_bytes;
 	acc->v[5] += st.rx_wzcopy_bytes;
+	acc->v[6] += st.tx_azcopy_bytes;
+	acc->v[7] += st.rx_azcopy_bytes;
+	acc->v[8] += st.rx_azasync_bytes;
+	acc->v[9] += st.az_faults;
+	acc->v[10] += st.az_cow_copies;
 }
 
 static void jw_sdp_stats(struct jw *j, const struct tstats *s)
@@ -206,6 +211,11 @@ static void jw_sdp_stats(struct jw *j, const struct tstats *s)
 	jw_int(j, "rx_bcopy_bytes", (int64_t)s->v[3]);
 	jw_int(j, "rx_rzcopy_bytes", (int64_t)s->v[4]);
 	jw_int(j, "rx_wzcopy_bytes", (int64_t)s->v[5]);
+	jw_int(j, "tx_azcopy_bytes", (int64_t)s->v[6]);
+	jw_int(j, "rx_azcopy_bytes", (int64_t)s->v[7]);
+	jw_int(j, "rx_azasync_bytes", (int64_t)s->v[8]);
+	jw_int(j, "az_faults", (int64_t)s->v[9]);
+	jw_int(j, "az_cow_copies", (int64_t)s->v[10]);
 	jw_obj_end(j);
 }
 
@@ -387,7 +397,7 @@ out:
 	tcount_add(&S.tc, tr);
 	if (st.have) {
 		S.st.have = 1;
-		for (int i = 0; i < 6; i++)
+		for (int i = 0; i < (int)(sizeof st.v / sizeof st.v[0]); i++)
 			S.st.v[i] += st.v[i];
 	}
 	server_mark_end();
@@ -852,7 +862,7 @@ static int client_main(int test)
 			tcount_add(&tc, w->transport);
 		if (w->st.have) {
 			st.have = 1;
-			for (int k = 0; k < 6; k++)
+			for (int k = 0; k < (int)(sizeof w->st.v / sizeof w->st.v[0]); k++)
 				st.v[k] += w->st.v[k];
 		}
 	}
