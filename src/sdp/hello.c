@@ -577,6 +577,22 @@ static bool drain_stop(struct sdp_listener *l, int r, const struct key *tl,
 	return wrapped;
 }
 
+/* A network rendezvous connection s whose hello h was taken (r, as
+ * sdp_net_take returns): pending with its socket, or closed. */
+static bool net_pend(struct sdp_listener *l, int s, const struct sdp_hello *h, int r,
+		     uint64_t now)
+{
+	if (r != 1 || (l->npend == l->cap && !pend_grow(l))) {
+		sys_close(s);
+		return false;
+	}
+	l->pend[l->npend].h = *h;
+	l->pend[l->npend].fds[0] = s;
+	l->pend[l->npend].rx_ns = now;
+	l->npend++;
+	return true;
+}
+
 /* Take queued hellos into l->pend, up to the one of (lk, pk). Nothing
  * here blocks: a rendezvous connection that has not sent its hello yet is
  * kept aside (a real client sends before its TCP connect, so a connection
@@ -620,14 +636,8 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 		    now - l->netsilent[i].since_ns < SILENT_NS)
 			continue;
 		l->netsilent[i] = l->netsilent[--l->nnetsilent];
-		if (r != 1 || (l->npend == l->cap && !pend_grow(l))) {
-			sys_close(s);
+		if (!net_pend(l, s, &h, r, now))
 			continue;
-		}
-		l->pend[l->npend].h = h;
-		l->pend[l->npend].fds[0] = s;
-		l->pend[l->npend].rx_ns = now;
-		l->npend++;
 		hello_keys(&h, &tl, &tp);
 		if (drain_stop(l, 1, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
@@ -644,14 +654,8 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 			l->nnetsilent++;
 			continue;
 		}
-		if (r != 1 || (l->npend == l->cap && !pend_grow(l))) {
-			sys_close(s);
+		if (!net_pend(l, s, &h, r, now))
 			continue;
-		}
-		l->pend[l->npend].h = h;
-		l->pend[l->npend].fds[0] = s;
-		l->pend[l->npend].rx_ns = now;
-		l->npend++;
 		hello_keys(&h, &tl, &tp);
 		if (drain_stop(l, 1, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
