@@ -911,9 +911,11 @@ static int scan_members(struct ep_shadow *s, uint64_t now, int *last, uint64_t *
 		}
 		return nc;
 	}
-	/* News since the last look (no bell rings while we are awake). */
+	/* News since the last look (no bell rings while we are awake); a
+	 * queue without any is not popped (a pop checks its owner with a
+	 * system call). */
 	for (int i = 0; i < EP_QMAX; i++)
-		if (s->qs[i].ops && !s->qs[i].dead)
+		if (s->qs[i].ops && !s->qs[i].dead && s->qs[i].ops->q_pending(s->qs[i].q))
 			queue_take(s, i);
 	uint32_t g = ++s->gen;
 	for (int k = 0; k < s->nhot; k++)
