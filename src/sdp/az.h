@@ -156,6 +156,10 @@ void az_span_drop(uintptr_t start, uintptr_t end);
  * on it move to bounce buffers, asynchronous receives into it finish, its
  * spans are dropped. Any thread, no lock held. */
 void az_mem_release(uintptr_t start, uintptr_t end);
+/* The same for contents dropped with the mapping kept (madvise DONTNEED,
+ * FREE, REMOVE): the protection mechanisms' set-up of the range stays for
+ * the next send (a write-protect registration, the view of the mapping). */
+void az_mem_discard(uintptr_t start, uintptr_t end);
 /* The engine is about to write (recv) or read (send: write = false) the
  * application's buffer: its pages must be accessible. */
 void az_settle_iov(const struct iovec *iov, int n, bool write);
@@ -233,8 +237,10 @@ void az_conn_drop(struct sdp_conn *c);
  * or nothing moved for the given time (exit, exec). */
 void az_drain(uint32_t idle_ms);
 /* Move advertisement bytes overlapping [start, end) to bounce buffers
- * (under az_lock: 1 all moved, 0 some could not be, without blocking). */
-int  az_move_range(uintptr_t start, uintptr_t end, bool *waited);
+ * (under az_lock: 1 all moved, 0 some could not be, without blocking).
+ * The buffers come from the pool; may_map: if it is full, map one (the
+ * caller has waited for the peer's read long enough). */
+int  az_move_range(uintptr_t start, uintptr_t end, bool may_map);
 /* Block-on-write: wait (lock not held) until every advertisement of this
  * process overlapping [start, end) is read or moved, at most max_ms. */
 bool az_wait_range(uintptr_t start, uintptr_t end, uint32_t max_ms);
@@ -275,6 +281,20 @@ void az_recv_work(void);
 /* A missing-page fault at addr: a receive in flight covers it (the copy
  * will fill it and wake the faulting thread). */
 bool az_recv_missing(uintptr_t addr);
+
+/* ---- azpool.c: bounce buffers for copies aside (under az_lock) ---------- */
+
+/* A buffer of len bytes (whole pages) from the pool, or 0 (full, or no
+ * pool: SDP_AZ_POOL=0 or its mapping refused). */
+uintptr_t az_pool_get(size_t len);
+/* Another advertisement shares the copy at b. */
+void az_pool_share(uintptr_t b);
+/* One user less on the copy at b of len bytes; false: b is not the
+ * pool's (the caller unmaps it). */
+bool az_pool_put(uintptr_t b, size_t len);
+bool az_pool_owns(uintptr_t b);
+/* fork: the child's pool is empty. */
+void az_pool_fork_child(void);
 
 /* ---- azprog.c: the progress thread ---------------------------------------- */
 

@@ -708,6 +708,7 @@ static __thread uintptr_t retried_page;
 
 static int resolve(uintptr_t addr, int how, bool count)
 {
+	bool waited_out = false;              /* a block-on-write wait ran out */
 	for (int round = 0;; round++) {
 		sigset_t ss;
 		az_lock(&ss);
@@ -749,9 +750,11 @@ static int resolve(uintptr_t addr, int how, bool count)
 		}
 		if (sdp_tun.az_fault == 1 || how == FT_FORCE || round > 0) {
 			/* Copy-on-write: move what is advertised here aside
-			 * (unless the sink is reading it: it finishes first). */
-			bool waited = false;
-			az_move_range(sp.start, sp.end, &waited);
+			 * (unless the sink is reading it: it finishes first),
+			 * into the pool; if that is full, the writer waits for
+			 * the peer's read as with block-on-write, and only a
+			 * wait that ran out maps a buffer of its own. */
+			az_move_range(sp.start, sp.end, how == FT_FORCE || waited_out);
 			i = span_find(addr);
 			if (i >= 0 && spans[i].users == 0) {
 				span_lift((size_t)i);
@@ -764,7 +767,9 @@ static int resolve(uintptr_t addr, int how, bool count)
 			return -EAGAIN;
 		/* Block-on-write: until the peer has read it (then the next
 		 * round lifts the span), at most AZ_BLOCK_MS - then copy. */
-		if (az_wait_range(sp.start, sp.end, AZ_BLOCK_MS) && round > 8)
+		if (!az_wait_range(sp.start, sp.end, AZ_BLOCK_MS))
+			waited_out = true;
+		else if (round > 8)
 			sched_yield();
 	}
 }
@@ -830,7 +835,10 @@ void az_settle_syscall(const struct iovec *iov, int n)
 				     true);
 }
 
-void az_mem_release(uintptr_t start, uintptr_t end)
+/* maps: the mappings change too (munmap, mprotect...), not only the
+ * contents (madvise): the cached view of them and our userfaultfd
+ * registrations of the range go. */
+static void mem_release(uintptr_t start, uintptr_t end, bool maps)
 {
 	if (!atomic_load_explicit(&az_nspans, memory_order_relaxed) || end <= start ||
 	    end <= atomic_load_explicit(&env_lo, memory_order_relaxed) ||
@@ -839,10 +847,12 @@ void az_mem_release(uintptr_t start, uintptr_t end)
 	start = PG_DOWN(start);
 	end = PG_UP(end);
 	uint64_t deadline = sdp_now_ns() + 2000000000ull;
+	bool waited_out = false, counted = false;
 	for (;;) {
 		sigset_t ss;
 		az_lock(&ss);
-		vma_forget();
+		if (maps)
+			vma_forget();
 		bool any = false, recv = false;
 		size_t k;
 		span_find_at(start, &k);
@@ -851,7 +861,8 @@ void az_mem_release(uintptr_t start, uintptr_t end)
 			recv |= spans[i].kind == AZ_RECV;
 		}
 		if (!any) {
-			reg_undo(start, end);
+			if (maps)
+				reg_undo(start, end);
 			az_unlock(&ss);
 			return;
 		}
@@ -861,23 +872,41 @@ void az_mem_release(uintptr_t start, uintptr_t end)
 			continue;
 		}
 		/* Advertisements on this memory move to bounce buffers: the
-		 * application may do with it what it likes. Only a read in
-		 * flight (the sink won) is waited for. */
-		bool waited = false;
-		int all = az_move_range(start, end, &waited);
+		 * application may do with it what it likes. A read in flight
+		 * (the sink won) is waited for, and so is the peer's read when
+		 * the pool is full, at most AZ_BLOCK_MS before a buffer of its
+		 * own is mapped. */
+		if (!counted) {
+			/* as a write would have been: a fault on pages in
+			 * flight (it steers the cool-down of azsend.c) */
+			az_count_fault(start, end);
+			counted = true;
+		}
+		int all = az_move_range(start, end, waited_out);
 		if (all || sdp_now_ns() > deadline) {
 			if (!all)
 				sdp_log(0, "asynchronous zero copy: memory released while "
 					"the peer still reads it");
 			az_span_drop(start, end);
-			reg_undo(start, end);
+			if (maps)
+				reg_undo(start, end);
 			az_unlock(&ss);
 			return;
 		}
 		az_unlock(&ss);
-		struct timespec nap = { 0, 50000 };
-		nanosleep(&nap, NULL);
+		if (!az_wait_range(start, end, AZ_BLOCK_MS))
+			waited_out = true;
 	}
+}
+
+void az_mem_release(uintptr_t start, uintptr_t end)
+{
+	mem_release(start, end, true);
+}
+
+void az_mem_discard(uintptr_t start, uintptr_t end)
+{
+	mem_release(start, end, false);
 }
 
 /* The application changed its mappings without releasing span memory. */

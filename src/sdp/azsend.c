@@ -186,8 +186,10 @@ static void adv_finish(struct az_conn *ac, struct az_adv *a)
 			if (e->id == a->id)
 				e->id = 0;
 		}
-		az_lib_forget(a->bounce);
-		az_munmap((void *)a->bounce, PG_UP(a->len));
+		if (!az_pool_put(a->bounce, PG_UP(a->len))) {
+			az_lib_forget(a->bounce);
+			az_munmap((void *)a->bounce, PG_UP(a->len));
+		}
 	}
 	memset(a, 0, sizeof *a);
 	atomic_fetch_sub(&ac->nadv, 1);
@@ -453,9 +455,20 @@ static bool table_ready(struct az_conn *ac)
 	return true;
 }
 
+/* One copy aside made by the current az_move_range: advertisements of
+ * exactly the same pages moved together share it (their bytes are the
+ * pages' bytes: protected since each was made). */
+struct az_moved {
+	uintptr_t app;             /* the pages copied, 0 = none yet */
+	uint32_t  len;             /* their bytes */
+	uintptr_t bounce;          /* the copy (in the pool) */
+};
+
 /* Under az_lock: move one advertisement. 1 moved (or read meanwhile),
- * 0 not now (the sink reads it: it finishes first), -1 cannot. */
-static int move_one(struct az_conn *ac, struct az_adv *a)
+ * 0 not now (the sink reads it: it finishes first; or the pool is full
+ * and !may_map: the caller waits for the peer's read), -1 cannot. */
+static int move_one(struct az_conn *ac, struct az_adv *a, bool may_map,
+		    struct az_moved *last)
 {
 	struct sdp_conn *c = ac->c;
 	struct fab_ep *ep = &c->ep;
@@ -476,32 +489,55 @@ static int move_one(struct az_conn *ac, struct az_adv *a)
 		return 0;
 	}
 	size_t blen = PG_UP(a->len);
-	void *b = az_mmap(blen);
-	if (b == MAP_FAILED) {
+	uintptr_t b = 0;
+	bool shared = last->app == a->app && last->len == a->len && last->bounce;
+	if (shared) {
+		b = last->bounce;
+		az_pool_share(b);
+	} else {
+		b = az_pool_get(blen);
+	}
+	bool mapped = false;
+	if (!b && may_map) {
+		void *m = az_mmap(blen);
+		if (m != MAP_FAILED) {
+			b = (uintptr_t)m;
+			mapped = true;
+		}
+	}
+	if (!b) {
 		atomic_store(&z->az_moving, 0);
 		sdp_zc_publish(c, az_moving, az_moving);
-		return -1;
+		return may_map ? -1 : 0;
 	}
-	memcpy(b, (const void *)a->app, a->len);
+	if (!shared)
+		memcpy((void *)b, (const void *)a->app, a->len);
 	struct sdp_az_tent *t = (struct sdp_az_tent *)(ac->table + 1);
 	struct sdp_az_tent *e = &t[a->id % ac->table->nslots];
 	e->len = a->len;
-	e->addr = (uint64_t)(uintptr_t)b;
+	e->addr = (uint64_t)b;
 	__atomic_store_n(&e->id, a->id, __ATOMIC_RELEASE);
 	atomic_store_explicit(&z->az_moving, 0, memory_order_release);
 	sdp_zc_publish(c, az_moving, az_moving);
-	az_lib_add((uintptr_t)b, blen);
+	if (mapped)
+		az_lib_add(b, blen);
+	else if (!shared) {
+		last->app = a->app;
+		last->len = a->len;
+		last->bounce = b;
+	}
 	az_span_put(a->app, a->app + a->len);
 	a->app = 0;
-	a->bounce = (uintptr_t)b;
-	az_count(&c->st.az_cow_copies, 1);
+	a->bounce = b;
+	if (!shared)
+		az_count(&c->st.az_cow_copies, 1);
 	return 1;
 }
 
-int az_move_range(uintptr_t start, uintptr_t end, bool *waited)
+int az_move_range(uintptr_t start, uintptr_t end, bool may_map)
 {
 	int all = 1;
-	(void)waited;
+	struct az_moved last = { 0, 0, 0 };
 	if (!azc)
 		return 1;
 	for (uint32_t i = 0; i < nlive; i++) {
@@ -512,7 +548,7 @@ int az_move_range(uintptr_t start, uintptr_t end, bool *waited)
 			struct az_adv *a = &ac->adv[k];
 			if (!a->id || !a->app || a->app >= end || start >= a->app + a->len)
 				continue;
-			if (move_one(ac, a) != 1)
+			if (move_one(ac, a, may_map, &last) != 1)
 				all = 0;
 		}
 	}
@@ -992,7 +1028,7 @@ void az_fork_child(void)
 			if (!ac)
 				continue;
 			for (int k = 0; k < AZ_MAXADV; k++)
-				if (ac->adv[k].bounce)
+				if (ac->adv[k].bounce && !az_pool_owns(ac->adv[k].bounce))
 					az_munmap((void *)ac->adv[k].bounce, PG_UP(ac->adv[k].len));
 			if (ac->linger_fd >= 0)
 				sys_close(ac->linger_fd);   /* the parent's to keep */
@@ -1010,6 +1046,7 @@ void az_fork_child(void)
 		}
 		nlive = 0;
 	}
+	az_pool_fork_child();
 	az_prot_fork_child();
 	az_prog_forget();
 }

@@ -28,6 +28,7 @@ struct sdp_tunables sdp_tun = {
 	.az_depth = 8,
 	.az_recv = 1,
 	.az_cool = 64,
+	.az_pool = 4u << 20,
 };
 char sdp_ofi_provider[32];
 
@@ -164,6 +165,11 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .help = "when most of 16 asynchronous sends were written while in flight, "
 		  "this many sends (doubling while it goes on) are synchronous; 0 = never",
 	  .var = &sdp_tun.az_cool },
+	{ .env = "SDP_AZ_POOL", .set = "az_pool", .kind = SDP_TK_NUM, .def = "4194304",
+	  .lo = 0, .hi = 64u << 20, .unit = "bytes", .var = &sdp_tun.az_pool,
+	  .help = "bounce buffers for copies aside (pages written or given back while "
+		  "in flight), one pool per process, reused; a copy that does not fit "
+		  "waits as block-on-write does; 0 = a mapping per copy" },
 	{ .env = "SDP_LOG", .kind = SDP_TK_LEVEL, .def = "0", .lo = 0, .hi = 3,
 	  .unit = "level", .var = &sdp_tun.log_level,
 	  .help = "diagnostics on stderr (above 3: as 3)" },

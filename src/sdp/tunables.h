@@ -49,6 +49,9 @@ struct sdp_tunables {
 	uint32_t az_recv;              /* 1: a recv may return before the copy */
 	uint32_t az_cool;              /* sends made synchronously after most of
 					* 16 were written while in flight (0 never) */
+	uint32_t az_pool;              /* bytes: the process's pool of bounce
+					* buffers for copies aside (0 = a mapping
+					* per copy) */
 };
 extern struct sdp_tunables sdp_tun;
 /* The libfabric provider asked for (SDP_OFI_PROVIDER), "" = any. */

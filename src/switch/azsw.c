@@ -239,7 +239,7 @@ EXPORT int madvise(void *a, size_t len, int advice)
 	 * DONTNEED_LOCKED = 24): the bytes in flight go aside first. */
 	if (in_flight() && (advice == MADV_DONTNEED || advice == MADV_FREE ||
 			    advice == MADV_REMOVE || advice == 24))
-		az_mem_release((uintptr_t)a, (uintptr_t)a + len);
+		az_mem_discard((uintptr_t)a, (uintptr_t)a + len);
 	return next_madvise(a, len, advice);
 }
 
