@@ -27,6 +27,7 @@ struct sdp_tunables sdp_tun = {
 	.azcopy_thresh = 65536,
 	.az_depth = 8,
 	.az_recv = 1,
+	.az_recv_max = 1u << 20,
 	.az_cool = 64,
 	.az_pool = 4u << 20,
 };
@@ -160,6 +161,12 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .lo = 0, .hi = 1, .unit = "flag", .var = &sdp_tun.az_recv,
 	  .help = "with SDP_AZCOPY=1 and userfaultfd: a blocking recv of advertised "
 		  "data may return before the copy, its pages inaccessible until done" },
+	{ .env = "SDP_AZ_RECV_MAX", .set = "az_recv_max", .kind = SDP_TK_NUM,
+	  .def = "1048576", .lo = 4096, .hi = 1u << 30, .unit = "bytes",
+	  .var = &sdp_tun.az_recv_max,
+	  .help = "with SDP_AZ_RECV=1: only a recv into a buffer of at most this many "
+		  "bytes may return before the copy (a larger one copies at once: the "
+		  "progress thread's copy is slower than the recv's own)" },
 	{ .env = "SDP_AZ_COOL", .set = "az_cool", .kind = SDP_TK_NUM, .def = "64",
 	  .lo = 0, .hi = 65536, .unit = "sends",
 	  .help = "when most of 16 asynchronous sends were written while in flight, "

@@ -47,6 +47,8 @@ struct sdp_tunables {
 					* 2 userfaultfd */
 	uint32_t az_protect_auto;      /* "auto" given */
 	uint32_t az_recv;              /* 1: a recv may return before the copy */
+	uint32_t az_recv_max;          /* bytes: ... only into a buffer of at
+					* most this many */
 	uint32_t az_cool;              /* sends made synchronously after most of
 					* 16 were written while in flight (0 never) */
 	uint32_t az_pool;              /* bytes: the process's pool of bounce
