@@ -66,8 +66,17 @@ static uint64_t table_lookup(struct sdp_conn *c, struct sdp_zctl *z,
 	struct sdp_az_tent e;
 	struct iovec l = { &h, sizeof h };
 	ssize_t r = ep->ops->rdma_read(ep, &l, 1, t, sizeof h, (uint64_t)sa->key);
-	if (r != (ssize_t)sizeof h)
-		return r < 0 && r != -EFAULT ? 0 : sa->addr;
+	if (r != (ssize_t)sizeof h) {
+		if (r < 0 && r != -EFAULT) {
+			/* The source's memory is closed to us now (it
+			 * changed credentials, became undumpable): its
+			 * bytes cannot be read either. */
+			sdp_log(0, "SrcAvail %u: the memory of process %d cannot be read (%s)",
+				sa->id, (int)sa->key, strerror((int)-r));
+			return 0;
+		}
+		return sa->addr;
+	}
 	if (h.magic != SDP_AZ_TABLE_MAGIC || h.pid != sa->key || h.nslots != ep->nslots)
 		return sa->addr;                  /* not this source's table */
 	l.iov_base = &e;
