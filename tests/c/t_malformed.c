@@ -190,7 +190,8 @@ static struct sdp_bsdh good_hdr(struct ctx *x, size_t plen)
 static void post(struct ctx *x, struct sdp_bsdh h, const void *pl, size_t plen)
 {
 	uint64_t p = atomic_load(&att(x)->prod);
-	char *slot = ring_of(x, x->a) + (p % x->n) * x->sz;
+	char *slot = ring_of(x, x->a) +
+		     (size_t)shm_slot(x->n, atomic_load(&att(x)->win), p) * x->sz;
 	memcpy(slot, &h, sizeof h);
 	if (plen)
 		memcpy(slot + sizeof h, pl, plen);

@@ -36,6 +36,8 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
             "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"},
             "t_epoll_queue": {"SDP_SPIN_US": "0"},
+            # the rings carry every byte (zero copy off), start at 4 slots
+            "t_rcvbuf": {"SDP_ZCOPY_THRESH": "0", "SDP_RING_START": "4"},
             # 2 GiB regions: eight would not fit an arena a peer maps
             "t_bigregion": {"SDP_NSLOTS": "1024", "SDP_SLOT_SIZE": "1048576"}}
 
