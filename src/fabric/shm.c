@@ -236,6 +236,8 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 		return insane(why, "wake-up tokens that cannot exist");
 	if (atomic_load(&p->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
 		return insane(why, "unknown wake-up request");
+	if (!shm_win_ok(ep->nslots, atomic_load(&p->win)))
+		return insane(why, "a send window the ring cannot have");
 	return self_sane(ep, m, 0, why);
 }
 
@@ -266,6 +268,10 @@ static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked,
 		return insane(why, "our fallback mark was overwritten");
 	if (atomic_load(&m->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
 		return insane(why, "our wake-up request was overwritten");
+	/* our window word: its copy is stored first; under tx_lock equal */
+	if ((locked & FAB_SELF_TX) &&
+	    atomic_load(&m->win) != atomic_load(&SE(ep)->my_win))
+		return insane(why, "our send window was overwritten");
 	/* Marks we set once: the copy is stored first, so a mark read
 	 * before its copy is never set without it. One that vanished is
 	 * stored again (the peer may have missed it meanwhile: it is told

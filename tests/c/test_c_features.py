@@ -45,7 +45,7 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
 # which their SDP run compares with the kernel TCP run of the same program:
 # the SDP run gets TL_TCP_<name>=value for each metric the TCP run printed.
 # test_tcp records them; test_sdp runs the TCP mode first if it has not.
-COMPARED = {"t_order", "t_sockbuf"}
+COMPARED = {"t_order", "t_sockbuf", "t_idle_mem"}
 TCP_METRICS = {}
 
 KNOWN = {}
