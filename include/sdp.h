@@ -67,6 +67,15 @@ struct sdp_sock_stats {
 	uint64_t az_cow_copies;   /* advertisements copied aside to let a
 				   * writer (or free, munmap...) go on */
 	uint64_t az_outstanding;  /* advertisements not read yet, now */
+	/* The send window (PROTOCOL.md 8): receive buffers of the peer our
+	 * sends use now (credits with nothing in flight; TCP: the receive
+	 * window), and the largest it was; an idle connection shrinks it back
+	 * and gives its buffers' memory back (SDP_IDLE_TRIM_MS): trims, and
+	 * the bytes they gave back. */
+	uint32_t ring_window;
+	uint32_t ring_window_max;
+	uint64_t trims;
+	uint64_t trimmed_bytes;
 };
 
 #endif /* SDP_H */

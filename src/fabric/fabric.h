@@ -191,6 +191,10 @@ struct fab_params {
 	uint32_t ofi_hello_ms;         /* ofi: longest wait for the network
 					* rendezvous to answer a connect */
 	const char *ofi_provider;      /* ofi: libfabric provider name, NULL = any */
+	uint32_t ring_start;           /* shm: receive buffers a connection's
+					* sends start with (its window) */
+	uint32_t idle_trim_ms;         /* shm: an idle direction gives its
+					* buffers back after this (0 = never) */
 	/* The engine's log (sdp/log.h), for providers with something to say
 	 * about why a connection stays on TCP or is reset; may be NULL. */
 	void (*log)(int level, const char *fmt, ...);
@@ -480,7 +484,24 @@ struct fab_ops {
 	 * peer rings the descriptor only while someone sleeps. */
 	void     (*q_sleep)(int q, int delta);
 	bool     (*q_pending)(int q);
+
+	/* ---- the send window (optional: NULL if the provider has none) ---- */
+
+	/* Slots of the peer's receive buffers our sends use now (credits
+	 * when nothing is in flight, <= nslots). Any thread. */
+	uint32_t (*tx_window)(struct fab_ep *ep);
+	/* An idle look (no lock, cheap, no system call): true when our ring
+	 * has been empty and nothing was posted for the idle time since
+	 * earlier looks, and it holds memory or a grown window to give back. */
+	bool     (*idle_due)(struct fab_ep *ep, uint64_t now_ns);
+	/* Give back: under tx_lock; when nothing is in flight (else 0),
+	 * shrink the window to its start and give the ring's pages back to
+	 * the system; how=FAB_TRIM_CLOSE at the last close (also the peer's
+	 * ring if the peer has closed: no one uses it any more). Returns the
+	 * bytes given back. */
+	size_t   (*trim)(struct fab_ep *ep, unsigned how);
 };
+enum { FAB_TRIM_IDLE = 0, FAB_TRIM_CLOSE = 1 };
 
 /*
  * An endpoint lives in memory shared with forked children (the connection
@@ -517,6 +538,12 @@ enum {
  * (libfabric): the sockets made then are the provider's, not the
  * application's, and the switch passes every call on them through. */
 extern __thread int fab_private;
+
+/* The receive buffers of the peer our sends use now (<= nslots). */
+static inline uint32_t fab_tx_window(struct fab_ep *ep)
+{
+	return ep->ops->tx_window ? ep->ops->tx_window(ep) : ep->nslots;
+}
 
 /* ---- the registry (fabric.c) ------------------------------------------- */
 

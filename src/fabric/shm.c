@@ -236,6 +236,8 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 		return insane(why, "wake-up tokens that cannot exist");
 	if (atomic_load(&p->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
 		return insane(why, "unknown wake-up request");
+	if (!shm_win_ok(ep->nslots, atomic_load(&p->win)))
+		return insane(why, "a send window the ring cannot have");
 	return self_sane(ep, m, 0, why);
 }
 
@@ -266,6 +268,10 @@ static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked,
 		return insane(why, "our fallback mark was overwritten");
 	if (atomic_load(&m->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
 		return insane(why, "our wake-up request was overwritten");
+	/* our window word: its copy is stored first; under tx_lock equal */
+	if ((locked & FAB_SELF_TX) &&
+	    atomic_load(&m->win) != atomic_load(&SE(ep)->my_win))
+		return insane(why, "our send window was overwritten");
 	/* Marks we set once: the copy is stored first, so a mark read
 	 * before its copy is never set without it. One that vanished is
 	 * stored again (the peer may have missed it meanwhile: it is told
@@ -360,36 +366,198 @@ static void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
 	*off = p->fb_rx_off;
 }
 
-/* Our own message seq, still in our ring (for re-sending). */
+/* Our own message seq, still in our ring (for re-sending): every message
+ * not consumed yet was posted under the window in effect (it changes only
+ * with nothing in flight). */
 static const void *shm_tx_msg(struct fab_ep *ep, uint64_t seq)
 {
-	return ring(ep, ep->side) + (seq % ep->nslots) * ep->slot_size;
+	uint32_t k = shm_slot(ep->nslots, atomic_load(&SE(ep)->my_win), seq);
+	return ring(ep, ep->side) + (size_t)k * ep->slot_size;
 }
 
 /* ---- message channel ---------------------------------------------------- */
 
+/* ---- the send window (PROTOCOL.md 5.2 and 8) ------------------------------
+ *
+ * Our sends use W slots of the peer's receive buffers, not all nslots:
+ * message seq goes to slot (seq + off) % W (shm_slot), (W, off) being our
+ * control block's win word. A connection starts with ring_start slots. A
+ * sender that ran out of credits below nslots grows the window x4 (up to
+ * nslots) at the next wrap - when its next message would go to slot 0:
+ * the messages in flight then sit in slots [W - n, W), and the new window
+ * keeps them there (its off puts that next message in slot W), so the
+ * peer finds every message in flight in the same slot whichever of the two
+ * words it reads, and no bubble is needed. A ring filled from slot 0
+ * grows at once: a peer that does not read still gets nslots messages, as
+ * before. A direction idle for idle_ns (nothing in flight, nothing posted,
+ * seen by looks that far apart) goes back to ring_start and gives its
+ * ring's pages back to the system (MADV_REMOVE on the shared memfd frees
+ * them for both processes): the peer reads only messages in [cons, prod),
+ * none when the ring is empty, and only we write our ring, under tx_lock.
+ * The word changes only under tx_lock, before the prod that covers a
+ * message under it is released. */
+static uint32_t ring_start = 4;
+static uint64_t idle_ns = 1000000000ull;
+
+void shm_win_init(uint32_t start, uint32_t idle_ms)
+{
+	ring_start = start ? start : 1;
+	idle_ns = (uint64_t)idle_ms * 1000000ull;
+}
+
+static uint32_t start_win(struct fab_ep *ep)
+{
+	return ring_start < ep->nslots ? ring_start : ep->nslots;
+}
+
+/* Our win word now (set before our first post). */
+static uint32_t my_word(struct fab_ep *ep)
+{
+	uint32_t w = atomic_load_explicit(&SE(ep)->my_win, memory_order_relaxed);
+	return w ? w : SHM_WIN(start_win(ep), 0);
+}
+
+static uint32_t shm_tx_window(struct fab_ep *ep)
+{
+	uint32_t w = shm_win_w(my_word(ep));
+	return w ? w : ep->nslots;
+}
+
+/* The window after a growth at the wrap point of word w, or 0. */
+static uint32_t grown(struct fab_ep *ep, uint32_t w, uint64_t p)
+{
+	uint32_t W = shm_win_w(w);
+	if (!W || W >= ep->nslots || (p % W + shm_win_off(w)) % W)
+		return 0;
+	uint32_t nw = W >= ep->nslots / 4 ? ep->nslots : W * 4;
+	/* message p goes to slot W: (p + off) % nw == W */
+	uint32_t off = (uint32_t)((W + nw - p % nw) % nw);
+	return SHM_WIN(nw, off);
+}
+
+/* Set the word (tx_lock held): the copy first, then the shared word,
+ * before the prod covering a message under it is released. */
+static void set_window(struct fab_ep *ep, uint32_t w)
+{
+	atomic_store(&SE(ep)->my_win, w);
+	atomic_store_explicit(&me(ep)->win, w, memory_order_relaxed);
+}
+
 /* Our own counter may be advanced by another thread between the loads:
  * the pair is used only when that counter did not move meanwhile, so the
  * peer's value was read while ours was the one compared (else a stale
- * value of ours beside a fresh one of the peer's looks like nonsense). */
+ * value of ours beside a fresh one of the peer's looks like nonsense).
+ * Out of credits below nslots: the sender wants to grow (my_grow), and
+ * at the wrap point the credits are those of the grown window. */
 static uint32_t shm_credits(struct fab_ep *ep)
 {
 	for (;;) {
 		uint64_t sent = atomic_load_explicit(&SE(ep)->my_prod, memory_order_acquire);
+		uint32_t wd = my_word(ep);
 		uint64_t acked = atomic_load_explicit(&peer(ep)->cons, memory_order_acquire);
 		if (atomic_load_explicit(&SE(ep)->my_prod, memory_order_acquire) != sent)
 			continue;
 		if (acked > sent || sent - acked > ep->nslots)
 			return 0;             /* nonsense from the peer: no credit */
-		return ep->nslots - (uint32_t)(sent - acked);
+		uint32_t W = shm_win_w(wd) ? shm_win_w(wd) : ep->nslots;
+		uint32_t fl = (uint32_t)(sent - acked);
+		if (fl >= W && W < ep->nslots &&
+		    !atomic_load_explicit(&SE(ep)->my_grow, memory_order_relaxed))
+			atomic_store(&SE(ep)->my_grow, 1);
+		if (atomic_load_explicit(&SE(ep)->my_grow, memory_order_relaxed)) {
+			uint32_t g = grown(ep, wd, sent);
+			if (g)
+				W = shm_win_w(g);
+		}
+		return fl >= W ? 0 : W - fl;
 	}
 }
 
 static void *shm_tx_buf(struct fab_ep *ep, size_t *cap)
 {
-	uint64_t p = atomic_load_explicit(&SE(ep)->my_prod, memory_order_relaxed);
+	struct shm_ep *se = SE(ep);
+	uint64_t p = atomic_load_explicit(&se->my_prod, memory_order_relaxed);
+	uint32_t w = atomic_load_explicit(&se->my_win, memory_order_relaxed);
+	if (__builtin_expect(!w, 0)) {
+		/* our first message (or a ring left empty by a trim) */
+		w = SHM_WIN(start_win(ep), (start_win(ep) - p % start_win(ep)) % start_win(ep));
+		set_window(ep, w);
+	} else if (__builtin_expect(atomic_load_explicit(&se->my_grow,
+							  memory_order_relaxed), 0)) {
+		uint32_t g = grown(ep, w, p);
+		if (g) {
+			atomic_store(&se->my_grow, 0);
+			set_window(ep, g);
+			w = g;
+		}
+	}
+	uint32_t k = shm_slot(ep->nslots, w, p);
+	if (k >= atomic_load_explicit(&se->touch, memory_order_relaxed))
+		atomic_store_explicit(&se->touch, k + 1, memory_order_relaxed);
 	*cap = ep->slot_size;
-	return ring(ep, ep->side) + (p % ep->nslots) * ep->slot_size;
+	return ring(ep, ep->side) + (size_t)k * ep->slot_size;
+}
+
+/* Give back the pages of slots [0, n) of ring `which`: whole pages only
+ * (a partial one at either end may hold a neighbour's bytes). */
+static size_t give_back(struct fab_ep *ep, uint32_t which, uint32_t n)
+{
+	if (!n)
+		return 0;
+	uintptr_t a = (uintptr_t)ring(ep, which);
+	uintptr_t e = a + (size_t)n * ep->slot_size;
+	uintptr_t pa = (a + 4095) & ~(uintptr_t)4095, pe = e & ~(uintptr_t)4095;
+	if (pe <= pa)
+		return 0;
+	if (syscall(SYS_madvise, pa, pe - pa, MADV_REMOVE) < 0)
+		return 0;
+	return pe - pa;
+}
+
+/* Cheap: a clock value the caller read and a few loads. */
+static bool shm_idle_due(struct fab_ep *ep, uint64_t now)
+{
+	struct shm_ep *se = SE(ep);
+	if (!idle_ns || !ep->base)
+		return false;
+	uint64_t p = atomic_load_explicit(&se->my_prod, memory_order_relaxed);
+	if (p != atomic_load_explicit(&se->idle_prod, memory_order_relaxed) ||
+	    atomic_load_explicit(&peer(ep)->cons, memory_order_relaxed) != p) {
+		atomic_store_explicit(&se->idle_prod, p, memory_order_relaxed);
+		atomic_store_explicit(&se->idle_since, now, memory_order_relaxed);
+		return false;
+	}
+	if (now - atomic_load_explicit(&se->idle_since, memory_order_relaxed) < idle_ns)
+		return false;
+	return atomic_load_explicit(&se->touch, memory_order_relaxed) ||
+	       shm_win_w(my_word(ep)) > start_win(ep);
+}
+
+static size_t shm_trim(struct fab_ep *ep, unsigned how)
+{
+	struct shm_ep *se = SE(ep);
+	if (!ep->base)
+		return 0;
+	size_t r = 0;
+	if (how == FAB_TRIM_CLOSE && !(ep->flags & FAB_EP_POOLED))
+		return 0;
+	uint64_t p = atomic_load(&se->my_prod);
+	if (atomic_load_explicit(&peer(ep)->cons, memory_order_acquire) == p &&
+	    atomic_load(&se->my_fb) == SHM_FB_NONE) {
+		if (shm_win_w(my_word(ep)) > start_win(ep)) {
+			uint32_t sw = start_win(ep);
+			atomic_store(&se->my_grow, 0);
+			set_window(ep, SHM_WIN(sw, (sw - p % sw) % sw));
+		}
+		r = give_back(ep, ep->side, atomic_exchange(&se->touch, 0));
+	}
+	/* At our last close, a peer that closed too wrote its last word: its
+	 * ring is no one's any more (an arena slot keeps its memfd; a region
+	 * of its own goes with the last mapping). */
+	if (how == FAB_TRIM_CLOSE && (ep->flags & FAB_EP_POOLED) &&
+	    atomic_load_explicit(&peer(ep)->closed, memory_order_acquire))
+		r += give_back(ep, !ep->side, ep->nslots);
+	return r;
 }
 
 /* Publishing into an empty ring also stamps the time and the message
@@ -488,7 +656,13 @@ static int shm_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg,
 	if (idx >= n)
 		return -EAGAIN;
 	uint64_t c = atomic_load_explicit(&SE(ep)->my_cons, memory_order_relaxed) + idx;
-	*msg = ring(ep, !ep->side) + (c % ep->nslots) * ep->slot_size;
+	/* The peer's window word, read after its prod (acquired above): a
+	 * message in flight sits in the same slot under every word an honest
+	 * peer writes while it is in flight. */
+	uint32_t w = atomic_load_explicit(&peer(ep)->win, memory_order_acquire);
+	if (!shm_win_ok(ep->nslots, w))
+		return -EPROTO;
+	*msg = ring(ep, !ep->side) + (size_t)shm_slot(ep->nslots, w, c) * ep->slot_size;
 	*cap = ep->slot_size;
 	return 0;
 }
@@ -500,7 +674,8 @@ static int shm_rx_release(struct fab_ep *ep)
 	/* Releasing into a full ring: the peer may sleep until it gets
 	 * this credit (shm_kick_owed). */
 	uint64_t pp = atomic_load_explicit(&peer(ep)->prod, memory_order_relaxed);
-	if (pp - c == ep->nslots)
+	uint32_t pw = shm_win_w(atomic_load_explicit(&peer(ep)->win, memory_order_relaxed));
+	if (pp - c >= (pw && pw <= ep->nslots ? pw : ep->nslots))
 		atomic_store_explicit(&SE(ep)->full_at, pp, memory_order_relaxed);
 	atomic_store_explicit(&SE(ep)->my_cons, c + 1, memory_order_release);
 	atomic_store_explicit(&m->cons, c + 1, memory_order_release);
@@ -844,4 +1019,8 @@ const struct fab_ops fab_shm_ops = {
 	.q_pop       = shm_q_pop,
 	.q_sleep     = shm_q_sleep,
 	.q_pending   = shm_q_pending,
+	/* the send window (above) */
+	.tx_window   = shm_tx_window,
+	.idle_due    = shm_idle_due,
+	.trim        = shm_trim,
 };

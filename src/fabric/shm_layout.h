@@ -10,6 +10,7 @@
 #define SDP_SHM_LAYOUT_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -17,7 +18,7 @@
 #include "sdp/proto.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 6
+#define SHM_VERSION 7
 #define SHM_HDR_SIZE 4096u
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
 #define SHM_TOKEN_BYTE 0xDB          /* the byte a kick writes on the TCP socket */
@@ -33,7 +34,14 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint64_t post_seq;    /* the message posted then (its prod value) */
 	_Atomic uint32_t tx_limited;  /* 1: our sends are byte-limited: publish
 				       * rx_bytes on partial reads too */
-	char pad0[36];
+	_Atomic uint32_t win;         /* our send window: bits 0-15 W, the
+				       * slots of our ring in use (1..nslots;
+				       * 0: all, the layout of version 6),
+				       * bits 16-31 its offset (< W): message
+				       * seq sits in slot (seq + off) % W
+				       * (shm_slot). TCP: the receive window
+				       * (SDP's ChRcvBuf) */
+	char pad0[32];
 	_Atomic uint64_t cons;        /* messages consumed from the peer's ring (TCP: rcv_nxt acked) */
 	_Atomic uint64_t rx_bytes;    /* stream bytes our application consumed
 				       * (TCP: copied_seq) */
@@ -87,6 +95,17 @@ struct shm_ep {
 					  * table, inherited by fork), -1: none */
 	_Atomic int32_t q_bound;         /* pid of the process that bound the
 					  * endpoint to its queue (q_bind), 0: none */
+	/* The send window (shm.c, PROTOCOL.md 5.2): as published in win,
+	 * changed under tx_lock. */
+	_Atomic uint32_t my_win;         /* the win word (0: not set yet) */
+	_Atomic uint32_t my_grow;        /* 1: credits ran out below nslots:
+					  * grow at the next wrap of the window */
+	_Atomic uint32_t touch;          /* slots of our ring written since the
+					  * last trim (high-water mark) */
+	uint32_t pad_w;
+	_Atomic uint64_t idle_prod;      /* my_prod at the last idle look */
+	_Atomic uint64_t idle_since;     /* sdp_now_ns() since when my_prod has
+					  * stayed idle_prod with the ring empty */
 };
 _Static_assert(sizeof(struct shm_ep) <= FAB_EP_PRIV, "fits the endpoint");
 static inline struct shm_ep *SE(struct fab_ep *ep) { return (struct shm_ep *)(void *)ep->priv; }
@@ -143,6 +162,32 @@ _Static_assert(offsetof(struct shm_hdr, state) == 32, "state at 32");
 _Static_assert(offsetof(struct shm_hdr, side) == 64, "control blocks at 64");
 _Static_assert(offsetof(struct shm_side, cons) == 64, "cons on its own line");
 _Static_assert(offsetof(struct shm_side, zc) == 192, "zero-copy words at 192");
+_Static_assert(offsetof(struct shm_side, win) == 28, "window at 28");
+
+/*
+ * The one place a ring slot is named (PROTOCOL.md 5): message seq of a
+ * sender whose control block's win word says (W, off) sits in slot
+ * (seq + off) % W of its ring; a word of 0 is the whole ring (W = nslots,
+ * off 0). Any word names a slot inside the ring; whether it makes sense
+ * (1 <= W <= nslots, off < W) is shm_win_ok's.
+ */
+#define SHM_WIN(w, off) ((uint32_t)(w) | (uint32_t)(off) << 16)
+static inline uint32_t shm_win_w(uint32_t win) { return win & 0xffffu; }
+static inline uint32_t shm_win_off(uint32_t win) { return win >> 16; }
+
+static inline bool shm_win_ok(uint32_t nslots, uint32_t win)
+{
+	uint32_t w = shm_win_w(win), off = shm_win_off(win);
+	return w ? w <= nslots && off < w : off == 0;
+}
+
+static inline uint32_t shm_slot(uint32_t nslots, uint32_t win, uint64_t seq)
+{
+	uint32_t w = shm_win_w(win), off = shm_win_off(win);
+	if (!shm_win_ok(nslots, win) || !w)
+		w = nslots, off = 0;
+	return (uint32_t)((seq % w + off) % w);
+}
 
 /*
  * The shm offer: the provider's bytes of the hello (sdp_hello.offer), 8
@@ -255,5 +300,8 @@ int  shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s,
 void shm_ep_connected(struct fab_ep *ep, int err);
 void shm_detach(struct fab_ep *ep);
 void shm_unmap(struct fab_ep *ep);
+
+/* shm.c: the send window's start and the idle time before a trim. */
+void shm_win_init(uint32_t start, uint32_t idle_ms);
 
 #endif

@@ -98,6 +98,7 @@ static uint64_t now_ns(void)
 void shm_init(const struct fab_params *p)
 {
 	arena_slots = p->region_cache > 64 ? 64 : p->region_cache;
+	shm_win_init(p->ring_start, p->idle_trim_ms);
 }
 
 static size_t page_up(size_t n) { return (n + 4095) & ~(size_t)4095; }

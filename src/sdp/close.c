@@ -126,6 +126,7 @@ void sdp_release_finish(struct sdp_conn *c, int fd)
 	ep->ops->disarm(ep, FAB_WAIT_ALL | FAB_WAIT_QALL);
 	if (fd >= 0 && ep->ops->tokens_due(ep))
 		ep->ops->drain(ep, fd);
+	sdp_trim_close(c);                    /* before the region can be reused */
 	/* Our last write to the shared state: after it the peer may reuse
 	 * the memory. */
 	sdp_mark(c, FAB_M_CLOSED);

@@ -160,6 +160,15 @@ void sdp_unlock(pthread_mutex_t *m);
  * where the sleep is bounded (ARCHITECTURE.md section 11). */
 #define SDP_CHECK_MS 1000
 
+/* ---- rcvbuf.c (the send window and idle trims) ---------------------------- */
+/* A look at an idle connection (now: sdp_now_ns()): gives its send ring's
+ * memory back when it has been idle SDP_IDLE_TRIM_MS. No system call
+ * unless a trim is due; takes tx_lock only then (never waits for it). */
+void    sdp_idle_look(struct sdp_conn *c, uint64_t now);
+void    sdp_idle_look_all(struct sdp_conn *const *cs, size_t n);   /* NULLs skipped */
+void    sdp_trim_close(struct sdp_conn *c);     /* at the last close */
+void    sdp_window_note(struct sdp_conn *c);    /* counters after a send */
+
 /* ---- tx.c / rx.c (Buffer Copy data path) ---------------------------------- */
 ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		 int iovcnt, int flags);

@@ -19,6 +19,8 @@ struct sdp_tunables sdp_tun = {
 	.zcopy_depth = 4,
 	.zcopy_tail = 256u << 10,
 	.nslots = 64,
+	.ring_start = 4,
+	.idle_trim_ms = 1000,
 	.slot_size = 32768,
 	.region_cache = 8,
 	.ofi_port_offset = 1000,
@@ -114,6 +116,19 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .var = &sdp_tun.slot_size,
 	  .help = "bytes per receive buffer, rounded down to a multiple of 64 (the "
 		  "connecting side's value is used)" },
+	{ .env = "SDP_RING_START", .set = "ring_start", .kind = SDP_TK_NUM,
+	  .def = "4", .lo = 1, .hi = 4096, .unit = "buffers",
+	  .var = &sdp_tun.ring_start,
+	  .help = "receive buffers a connection's sends use at first and again "
+		  "after an idle trim; a stream that runs out grows the window "
+		  "x4 (up to SDP_NSLOTS) once the ring is empty" },
+	{ .env = "SDP_IDLE_TRIM_MS", .set = "idle_trim_ms", .kind = SDP_TK_NUM,
+	  .def = "1000", .lo = 0, .hi = 3600000, .unit = "ms",
+	  .var = &sdp_tun.idle_trim_ms,
+	  .help = "a direction idle this long (nothing in flight, nothing sent) "
+		  "shrinks its window back and gives its buffers' memory back, "
+		  "at the process's next look (poll, epoll, a blocking wait: at "
+		  "least once a second while it waits there); 0 = never" },
 	{ .env = "SDP_REGION_CACHE", .set = "region_cache", .kind = SDP_TK_NUM,
 	  .def = "8", .lo = 0, .hi = 64, .unit = "regions",
 	  .var = &sdp_tun.region_cache,

@@ -31,6 +31,10 @@ struct sdp_tunables {
 	uint32_t nslots;               /* receive buffers per direction */
 	uint32_t slot_size;            /* bytes per receive buffer */
 	uint32_t region_cache;         /* shm regions reused per peer process */
+	uint32_t ring_start;           /* receive buffers a connection's sends
+					* start with (grown x4 while streaming) */
+	uint32_t idle_trim_ms;         /* idle ms before a direction gives its
+					* buffers back (0 = never) */
 	uint32_t ofi_port_offset;      /* network rendezvous port = listener's + this */
 	uint32_t ofi_hello_ms;         /* longest wait for a network rendezvous, ms */
 	uint32_t ofi_provider_auto;    /* 1: any libfabric provider */

@@ -67,7 +67,7 @@ static bool window(struct sdp_conn *c, uint64_t *lim, uint64_t *out)
 	 * outstanding, whatever its word says - a word a third process may
 	 * have written while the peer sleeps, which would leave this send
 	 * waiting for a release that never comes. */
-	if (ep->ops->credits(ep) == ep->nslots)
+	if (ep->ops->marks(ep, FAB_M_CAUGHT_UP))
 		*out = 0;
 	return true;
 }
@@ -340,6 +340,7 @@ ssize_t sdp_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	c->st.tx_bytes += done;
 	/* Also written by receives (rx_release), under the other lock. */
 	__atomic_store_n(&c->st.credits, ep->ops->credits(ep), __ATOMIC_RELAXED);
+	sdp_window_note(c);
 	bool net = FAB_EP_NET(ep);
 	sdp_unlock(&c->tx_lock);
 	sdp_reset_tell(c, fd);

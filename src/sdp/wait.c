@@ -103,7 +103,7 @@ static bool peer_read_all(struct sdp_conn *c)
 		return true;
 	uint64_t seq = ep->ops->tx_seq(ep);
 	if (!atomic_load(&c->tx_shut) || seq == 0 ||
-	    ep->ops->credits(ep) + 1 != ep->nslots)
+	    ep->ops->credits(ep) + 1 != fab_tx_window(ep))
 		return false;                 /* more than one message unread */
 	struct sdp_bsdh h;                    /* the last one we posted */
 	memcpy(&h, ep->ops->tx_msg(ep, seq - 1), sizeof h);
@@ -229,6 +229,7 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 	 * close, shutdown or a fallback from another thread or process must
 	 * not wait for a blocked recv/send. The caller re-reads its state. */
 	sdp_unlock(held);
+	sdp_idle_look(c, sdp_now_ns());       /* memory back if idle (rcvbuf.c) */
 	int ret = wait_unlocked(c, fd, what, flags, NULL, 0);
 	int r = sdp_lock(held);
 	return ret ? ret : r;

@@ -165,6 +165,8 @@ static void do_init(void)
 		.ofi_port_offset = sdp_tun.ofi_port_offset,
 		.ofi_hello_ms = sdp_tun.ofi_hello_ms,
 		.ofi_provider = sdp_tun.ofi_provider_auto ? NULL : sdp_ofi_provider,
+		.ring_start = sdp_tun.ring_start,
+		.idle_trim_ms = sdp_tun.idle_trim_ms,
 		.log = sdp_log_at,
 	};
 	fab_init(&fp);

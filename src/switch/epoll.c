@@ -903,6 +903,8 @@ static int scan_members(struct ep_shadow *s, uint64_t now, int *last, uint64_t *
 		s->full = false;
 		s->full_at = t + SDP_CHECK_MS * 1000000ull;
 		for (int i = 0; i < s->n; i++) {
+			if (s->v[i].c)
+				sdp_idle_look(s->v[i].c, t);   /* rcvbuf.c */
 			uint64_t stamp = look(s, i, now, &nc);
 			if (stamp) {
 				*last = i;

@@ -237,6 +237,7 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		r = real_ppoll(tmp, n, tp, mask);
+		sdp_idle_look_all(cs, n);             /* rcvbuf.c */
 		for (nfds_t i = 0; i < n; i++)
 			if (watch[i] && r > 0 && tmp[i].revents)
 				sdp_on_wakeup(cs[i], fds[i].fd);

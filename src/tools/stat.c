@@ -511,6 +511,8 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       "\"tx_azcopy_bytes\": %llu, \"rx_azcopy_bytes\": %llu, "
 		       "\"rx_azasync_bytes\": %llu, \"az_faults\": %llu, "
 		       "\"az_cow_copies\": %llu, \"az_outstanding\": %llu, "
+		       "\"ring_window\": %u, \"ring_window_max\": %u, "
+		       "\"trims\": %llu, \"trimmed_bytes\": %llu, "
 		       "\"credits\": %u}",
 		       first ? "" : ",", pid, fd, la, ra,
 		       c->transport ? "sdp" : "tcp", fab,
@@ -534,6 +536,9 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       (unsigned long long)c->st.az_faults,
 		       (unsigned long long)c->st.az_cow_copies,
 		       (unsigned long long)c->st.az_outstanding,
+		       c->st.ring_window, c->st.ring_window_max,
+		       (unsigned long long)c->st.trims,
+		       (unsigned long long)c->st.trimmed_bytes,
 		       c->st.credits);
 	else
 		printf("%-7d %-4d %-22s %-22s %-5s %-11s %-9s %12llu %12llu %9llu %9llu %4u\n",

@@ -190,7 +190,8 @@ static struct sdp_bsdh good_hdr(struct ctx *x, size_t plen)
 static void post(struct ctx *x, struct sdp_bsdh h, const void *pl, size_t plen)
 {
 	uint64_t p = atomic_load(&att(x)->prod);
-	char *slot = ring_of(x, x->a) + (p % x->n) * x->sz;
+	char *slot = ring_of(x, x->a) +
+		     (size_t)shm_slot(x->n, atomic_load(&att(x)->win), p) * x->sz;
 	memcpy(slot, &h, sizeof h);
 	if (plen)
 		memcpy(slot + sizeof h, pl, plen);
@@ -376,6 +377,20 @@ static void atk_modechange(struct ctx *x)
 	post(x, h, &mc, sizeof mc);
 }
 
+/* A send window the ring cannot have: more slots than it holds, or an
+ * offset beyond the window (PROTOCOL.md 5.2, win). */
+static void atk_win_big(struct ctx *x)
+{
+	atomic_store(&att(x)->win, SHM_WIN(x->n + 1, 0));
+	post_valid(x, "boom");
+}
+
+static void atk_win_off(struct ctx *x)
+{
+	atomic_store(&att(x)->win, SHM_WIN(2, 2));
+	post_valid(x, "boom");
+}
+
 static const struct scenario scenarios[] = {
 	{ "reset",        DIR_BOTH, NULL, true,  atk_reset },
 	{ "len>bufsize",  DIR_IN,   NULL, false, atk_len_big },
@@ -398,6 +413,8 @@ static const struct scenario scenarios[] = {
 	{ "srcavail-id",  DIR_IN,   NULL, false, atk_srcavail_id },
 	{ "wrcompl-unasked", DIR_IN, NULL, false, atk_wrcompl },
 	{ "modechange-77", DIR_IN,  NULL, false, atk_modechange },
+	{ "window>nslots", DIR_IN,  NULL, false, atk_win_big },
+	{ "window-offset", DIR_IN,  NULL, false, atk_win_off },
 };
 #define NSCEN (int)(sizeof scenarios / sizeof scenarios[0])
 

@@ -36,6 +36,8 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
             "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"},
             "t_epoll_queue": {"SDP_SPIN_US": "0"},
+            # the rings carry every byte (zero copy off), start at 4 slots
+            "t_rcvbuf": {"SDP_ZCOPY_THRESH": "0", "SDP_RING_START": "4"},
             # 2 GiB regions: eight would not fit an arena a peer maps
             "t_bigregion": {"SDP_NSLOTS": "1024", "SDP_SLOT_SIZE": "1048576"}}
 
@@ -43,7 +45,7 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
 # which their SDP run compares with the kernel TCP run of the same program:
 # the SDP run gets TL_TCP_<name>=value for each metric the TCP run printed.
 # test_tcp records them; test_sdp runs the TCP mode first if it has not.
-COMPARED = {"t_order", "t_sockbuf"}
+COMPARED = {"t_order", "t_sockbuf", "t_idle_mem"}
 TCP_METRICS = {}
 
 KNOWN = {}

@@ -106,7 +106,8 @@ struct model {
 
 static char *peer_slot(struct model *m, uint64_t seq)
 {
-	return ring(m->ep, !m->ep->side) + (seq % m->ep->nslots) * m->ep->slot_size;
+	uint32_t k = shm_slot(m->ep->nslots, atomic_load(&m->P->win), seq);
+	return ring(m->ep, !m->ep->side) + (size_t)k * m->ep->slot_size;
 }
 
 static uint32_t peer_credits(struct model *m)
@@ -167,7 +168,8 @@ static size_t check_our_msgs(struct model *m, const uint8_t *src, size_t srclen)
 	size_t got = 0;
 	CHECK(prod >= m->our_seq_seen);
 	for (uint64_t s = m->our_seq_seen; s < prod; s++) {
-		const char *msg = ring(m->ep, m->ep->side) + (s % m->ep->nslots) * m->ep->slot_size;
+		uint32_t k = shm_slot(m->ep->nslots, atomic_load(&m->M->win), s);
+		const char *msg = ring(m->ep, m->ep->side) + (size_t)k * m->ep->slot_size;
 		struct sdp_bsdh h;
 		memcpy(&h, msg, sizeof h);
 		CHECK(h.len >= sizeof h && h.len <= m->ep->slot_size);
