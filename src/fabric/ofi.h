@@ -325,6 +325,8 @@ struct ofi_conn {
 	_Atomic uint64_t peer_cons;    /* the peer's consumption of ours, as we know it
 					* (its ctl copy, or a BSDH's mseq_ack) */
 	_Atomic uint64_t published;    /* me->cons as last copied to the peer */
+	struct sdp_zctl zc_sent;       /* our zero-copy words as last copied whole
+					* (a change needs the full block) */
 	_Atomic uint64_t since;        /* fab_clock when the queue became non-empty */
 	uint32_t *order;               /* arrived seq % nbufs -> buffer index */
 	struct ofi_op *rxop, *txop, *miscop;

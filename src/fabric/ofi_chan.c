@@ -209,6 +209,7 @@ static int publish(struct ofi_conn *oc, bool bump)
 		atomic_store(&m->vers_tail, v);
 	}
 	atomic_store(&oc->published, atomic_load(&m->cons));
+	memcpy(&oc->zc_sent, &m->zc, sizeof oc->zc_sent);
 	struct ofi_op *op = ofi_misc_op(oc);
 	if (!op)
 		return -ECONNRESET;
@@ -225,6 +226,39 @@ static int publish(struct ofi_conn *oc, bool bump)
 int ofi_publish(struct ofi_conn *oc)
 {
 	return publish(oc, true);
+}
+
+/*
+ * The copy a consumption needs (after each message of a ping-pong): the
+ * block's second half only - every word but the zero-copy ones, versions
+ * at both ends - is 128 bytes, what the tcp provider injects (copied at
+ * once, no completion to reap, no wake-up of our own queue). A full copy
+ * when the zero-copy words differ from those of the last full one, or the
+ * provider cannot inject that much. Ordered before later copies and messages
+ * (FI_ORDER_WAW, FI_ORDER_WAS) like any.
+ */
+static int publish_cons(struct ofi_conn *oc)
+{
+	enum { HALF = sizeof(struct ofi_ctl) - offsetof(struct ofi_ctl, vers_head) };
+	_Static_assert(HALF == 128, "the block's second half is 128 bytes");
+	if (state(oc) != OFI_ST_UP)
+		return 0;
+	if (oc->dom->inject < HALF || memcmp(&oc->me->zc, &oc->zc_sent, sizeof oc->zc_sent))
+		return publish(oc, true);
+	struct ofi_ctl *m = oc->me;
+	uint64_t v = atomic_load(&m->vers_head) + 1;
+	atomic_store(&m->vers_head, v);
+	atomic_store(&m->vers_tail, v);
+	atomic_store(&oc->published, atomic_load(&m->cons));
+	ssize_t r = OFI_RETRY(oc, fi_inject_write(oc->ep, &m->vers_head, HALF, 0,
+						  oc->peer_ctl_addr + offsetof(struct ofi_ctl, vers_head),
+						  oc->peer_ctl_key));
+	if (r) {
+		ofi_fail(oc, (int)r, "RDMA Write of the control block");
+		return (int)r;
+	}
+	bk_add(oc);
+	return 0;
 }
 
 static int flush(struct ofi_conn *oc, uint64_t upto);
@@ -629,14 +663,20 @@ static int flush(struct ofi_conn *oc, uint64_t upto)
 		struct ofi_op *op = &oc->txop[slot];
 		op->kind = OFI_OP_SEND;
 		op->idx = slot;
-		ssize_t r = OFI_RETRY(oc, fi_send(oc->ep, (void *)m, h.len, oc->desc, 0,
-						  &op->ctx));
+		/* A small message (a ping-pong's) is injected: copied at
+		 * once, no completion to write and reap; it stays in the ring
+		 * all the same until the peer consumed it. */
+		bool inj = h.len <= oc->dom->inject;
+		ssize_t r = inj ? OFI_RETRY(oc, fi_inject(oc->ep, m, h.len, 0)) :
+			OFI_RETRY(oc, fi_send(oc->ep, (void *)m, h.len, oc->desc, 0,
+					      &op->ctx));
 		if (r) {
 			ofi_fail(oc, (int)r, "send of a message");
 			return (int)r;
 		}
 		oc->tx_flushed = seq + 1;
-		atomic_fetch_add_explicit(&oc->tx_out, 1, memory_order_relaxed);
+		if (!inj)
+			atomic_fetch_add_explicit(&oc->tx_out, 1, memory_order_relaxed);
 		bk_add(oc);
 	}
 	return 0;
@@ -712,7 +752,7 @@ static void maybe_publish_cons(struct ofi_conn *oc)
 		return;
 	if ((atomic_load_explicit(&oc->peer->armed, memory_order_relaxed) & FAB_WAIT_CREDIT) ||
 	    c == atomic_load(&oc->arrived) || c - pub >= batch)
-		ofi_publish(oc);
+		publish_cons(oc);
 }
 
 static int ofi_rx_release(struct fab_ep *ep)
@@ -1028,7 +1068,7 @@ static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
 		if (atomic_load(&m->cons) != atomic_load(&oc->published) ||
 		    atomic_load_explicit(&p->tx_limited, memory_order_relaxed) ||
 		    (atomic_load_explicit(&p->armed, memory_order_relaxed) & FAB_WAIT_CREDIT))
-			ofi_publish(oc);
+			publish_cons(oc);
 	}
 	if (!(atomic_load_explicit(&p->armed, memory_order_acquire) & what))
 		return 0;
