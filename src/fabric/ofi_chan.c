@@ -1028,8 +1028,16 @@ static void ofi_arm(struct fab_ep *ep, unsigned what)
 		/* Data the provider holds already (read from its socket, or
 		 * completions queued): no wait object says so, read it now. */
 		struct fid *f[1] = { &oc->cq->fid };
-		if (fi_trywait(oc->dom->fabric, f, 1) == -FI_EAGAIN)
+		if (fi_trywait(oc->dom->fabric, f, 1) == -FI_EAGAIN) {
+			/* Read it here: a waiter in epoll may not look at this
+			 * connection again before it sleeps. An arrival makes
+			 * wfd readable (ofi_wake: we are armed now). */
 			atomic_store_explicit(&oc->reap_tick, 0, memory_order_relaxed);
+			if (pthread_mutex_trylock(&oc->cqlock) == 0) {
+				ofi_reap(oc, false);
+				pthread_mutex_unlock(&oc->cqlock);
+			}
+		}
 	}
 	if (oc->eqs_in_wfd && pthread_mutex_trylock(&ofi_p.lock) == 0) {
 		for (int i = 0; i < OFI_MAX_DOMAINS; i++) {
