@@ -10,8 +10,11 @@
  * channel, control words, wake-ups, marks, fallback; the ops table),
  * ofi_mr.c (the registration cache, RDMA Read / Write, the probe).
  *
- * One connection = one FI_EP_MSG endpoint with its own completion queue,
- * and a private region of registered memory (PROTOCOL.md section 14):
+ * One connection = one FI_EP_MSG endpoint with its own completion queue
+ * (whose wait object only that endpoint's traffic wakes, and whose reading
+ * progresses only that endpoint: the tcp provider walks every endpoint
+ * bound to a queue each time it is read), and a private region of
+ * registered memory (PROTOCOL.md section 14):
  *
  *   tx ring   nslots send buffers: message seq is in buffer seq % nslots
  *             until the peer consumed it (FI_MSG sends from here; read
@@ -78,14 +81,10 @@ struct ofi_dom {
 	struct fi_info *info;          /* fi_getinfo's choice for ip */
 	struct fid_fabric *fabric;
 	struct fid_domain *domain;
-	struct fid_eq *eq;             /* FI_WAIT_FD: every endpoint's CM events */
+	struct fid_eq *eq;             /* FI_WAIT_FD: every endpoint's CM events
+					* (in the wait descriptor of connections
+					* still setting up only) */
 	int eq_fd;
-	/* One completion queue for every endpoint of the domain: reading it
-	 * progresses them all (the tcp provider moves data only when its
-	 * queue is read), whichever connection a caller asks about. */
-	struct fid_cq *cq;
-	int cq_fd;
-	pthread_mutex_t cqlock;        /* one reader at a time */
 	struct fid_pep *pep;           /* client side: where servers connect */
 	union { struct sockaddr_in in; struct sockaddr_in6 in6; } pep_addr;
 	uint64_t mr_mode;              /* FI_MR_* the provider asks of us */
@@ -112,6 +111,15 @@ struct ofi_proc {
 	struct ofi_conn **conns;
 	int nconns, capconns;
 	_Atomic uint64_t mr_hits, mr_misses;   /* registration cache */
+	/* Connections whose sends the fabric may still hold (the tcp
+	 * provider moves a connection's bytes only when its own queue is
+	 * read, where the kernel would move TCP's by itself): any
+	 * connection's progress that found nothing for itself, and every
+	 * sleep, reads their queues too (ofi_backlog). */
+	pthread_mutex_t bklock;
+	struct ofi_conn *bk[256];
+	int nbk;
+	_Atomic uint64_t bk_tick;      /* fab_clock of the last walk */
 };
 extern struct ofi_proc ofi_p;
 
@@ -243,7 +251,7 @@ enum ofi_state {
 struct ofi_conn;
 struct ofi_op {
 	struct fi_context ctx;
-	struct ofi_conn *oc;           /* whose (the domain's CQ is shared) */
+	struct ofi_conn *oc;           /* whose */
 	uint8_t kind;                  /* OFI_OP_* */
 	uint32_t idx;                  /* buffer index */
 };
@@ -271,8 +279,18 @@ struct ofi_conn {
 	bool peer_shut;                /* the peer's endpoint closed (FI_SHUTDOWN) */
 	struct ofi_dom *dom;
 	struct fid_ep *ep;
-	int wfd;                       /* our epoll: the domains' CQ and EQ, chan,
-					* the TCP socket */
+	struct fid_cq *cq;             /* ours alone (FI_WAIT_FD) */
+	int cq_fd;                     /* its wait object, in wfd */
+	pthread_mutex_t cqlock;        /* one reader of cq at a time */
+	_Atomic uint64_t reaps;        /* completions reaped from cq (sdp stat:
+					* a completion wakes its own connection) */
+	_Atomic uint32_t tx_out;       /* sends handed to the fabric, not completed */
+	_Atomic bool in_bk;            /* on ofi_p's backlog list */
+	_Atomic uint64_t reap_tick;    /* fab_clock when cq was last read to its
+					* end (0: read it at the next progress) */
+	bool eqs_in_wfd;               /* the domains' EQs are in wfd (until up) */
+	int wfd;                       /* our epoll: our CQ, the domains' EQs
+					* until up, chan, the TCP socket */
 	int tcp_added;                 /* TCP fd number added to wfd, or -1 */
 	int evfd;                      /* eventfd in wfd: a completion of ours
 					* that another thread reaped, while we
@@ -307,6 +325,8 @@ struct ofi_conn {
 	_Atomic uint64_t peer_cons;    /* the peer's consumption of ours, as we know it
 					* (its ctl copy, or a BSDH's mseq_ack) */
 	_Atomic uint64_t published;    /* me->cons as last copied to the peer */
+	struct sdp_zctl zc_sent;       /* our zero-copy words as last copied whole
+					* (a change needs the full block) */
 	_Atomic uint64_t since;        /* fab_clock when the queue became non-empty */
 	uint32_t *order;               /* arrived seq % nbufs -> buffer index */
 	struct ofi_op *rxop, *txop, *miscop;
@@ -353,7 +373,11 @@ bool ofi_reaches(const struct sockaddr *peer, socklen_t len);
 /* ---- ofi_chan.c ------------------------------------------------------------ */
 struct ofi_conn *ofi_of(struct fab_ep *ep);  /* NULL: not this process's */
 void ofi_progress(struct ofi_conn *oc);      /* reap the CQ (and the set-up) */
-void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying);   /* under cqlock */
+bool ofi_reap(struct ofi_conn *oc, bool dying);   /* under oc->cqlock; true:
+							 * read to its end */
+void ofi_progress_now(struct ofi_conn *oc);
+void ofi_backlog(struct ofi_conn *self);     /* read the backlog's queues */
+void ofi_bk_del(struct ofi_conn *oc);        /* off the backlog list */  /* ofi_progress, not throttled */
 int  ofi_post_recv(struct ofi_conn *oc, uint32_t buf);
 int  ofi_publish(struct ofi_conn *oc);       /* copy our block to the peer */
 struct ofi_op *ofi_misc_op(struct ofi_conn *oc);

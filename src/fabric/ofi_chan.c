@@ -32,6 +32,7 @@
 #include <sched.h>
 #include <string.h>
 #include <netinet/tcp.h>
+#include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -66,6 +67,79 @@ static void relax(void)
 #endif
 }
 
+/* ---- the backlog: sends the fabric may still hold --------------------------- */
+
+static bool has_backlog(struct ofi_conn *oc)
+{
+	return atomic_load_explicit(&oc->tx_out, memory_order_relaxed) ||
+	       atomic_load_explicit(&oc->misc_busy, memory_order_relaxed);
+}
+
+/* Just posted: on the list until a read of its queue finds all done. */
+static void bk_add(struct ofi_conn *oc)
+{
+	if (atomic_load_explicit(&oc->in_bk, memory_order_relaxed) ||
+	    atomic_exchange(&oc->in_bk, true))
+		return;
+	pthread_mutex_lock(&ofi_p.bklock);
+	if (ofi_p.nbk < (int)(sizeof ofi_p.bk / sizeof ofi_p.bk[0]))
+		ofi_p.bk[ofi_p.nbk++] = oc;
+	else
+		atomic_store(&oc->in_bk, false);  /* full: its own calls move it */
+	pthread_mutex_unlock(&ofi_p.bklock);
+}
+
+static void bk_del_locked(struct ofi_conn *oc)
+{
+	for (int i = 0; i < ofi_p.nbk; i++)
+		if (ofi_p.bk[i] == oc) {
+			ofi_p.bk[i] = ofi_p.bk[--ofi_p.nbk];
+			break;
+		}
+	atomic_store(&oc->in_bk, false);
+}
+
+void ofi_bk_del(struct ofi_conn *oc)
+{
+	if (!atomic_load(&oc->in_bk))
+		return;
+	pthread_mutex_lock(&ofi_p.bklock);
+	bk_del_locked(oc);
+	pthread_mutex_unlock(&ofi_p.bklock);
+}
+
+/*
+ * Read the queues of the connections on the backlog list (other than
+ * self): over the tcp provider, bytes of a send the kernel could not take
+ * at once wait in libfabric until that endpoint's queue is read, where
+ * TCP's kernel would send them by itself - a receiver in this process, or
+ * a peer waiting for them, would wait for ever for a connection nobody
+ * calls. A connection whose sends all completed leaves the list.
+ */
+void ofi_backlog(struct ofi_conn *self)
+{
+	if (!ofi_p.nbk || pthread_mutex_trylock(&ofi_p.bklock))
+		return;
+	atomic_store_explicit(&ofi_p.bk_tick, fab_clock(), memory_order_relaxed);
+	for (int i = ofi_p.nbk - 1; i >= 0; i--) {
+		struct ofi_conn *oc = ofi_p.bk[i];
+		if (oc == self)
+			continue;
+		if (oc->owner != ofi_p.pid || atomic_load(&oc->dead) ||
+		    atomic_load(&oc->state) != OFI_ST_UP) {
+			bk_del_locked(oc);
+			continue;
+		}
+		if (pthread_mutex_trylock(&oc->cqlock))
+			continue;
+		bool drained = ofi_reap(oc, false);
+		pthread_mutex_unlock(&oc->cqlock);
+		if (drained && !has_backlog(oc))
+			bk_del_locked(oc);
+	}
+	pthread_mutex_unlock(&ofi_p.bklock);
+}
+
 /* ---- posting ------------------------------------------------------------- */
 
 int ofi_post_recv(struct ofi_conn *oc, uint32_t buf)
@@ -95,6 +169,7 @@ struct ofi_op *ofi_misc_op(struct ofi_conn *oc)
 		relax();
 	}
 	atomic_fetch_add(&oc->misc_busy, 1);
+	bk_add(oc);
 	uint32_t k = atomic_fetch_add(&oc->misc_next, 1) % OFI_MISC_CTX;
 	struct ofi_op *op = &oc->miscop[k];
 	op->kind = OFI_OP_MISC;
@@ -134,6 +209,7 @@ static int publish(struct ofi_conn *oc, bool bump)
 		atomic_store(&m->vers_tail, v);
 	}
 	atomic_store(&oc->published, atomic_load(&m->cons));
+	memcpy(&oc->zc_sent, &m->zc, sizeof oc->zc_sent);
 	struct ofi_op *op = ofi_misc_op(oc);
 	if (!op)
 		return -ECONNRESET;
@@ -150,6 +226,39 @@ static int publish(struct ofi_conn *oc, bool bump)
 int ofi_publish(struct ofi_conn *oc)
 {
 	return publish(oc, true);
+}
+
+/*
+ * The copy a consumption needs (after each message of a ping-pong): the
+ * block's second half only - every word but the zero-copy ones, versions
+ * at both ends - is 128 bytes, what the tcp provider injects (copied at
+ * once, no completion to reap, no wake-up of our own queue). A full copy
+ * when the zero-copy words differ from those of the last full one, or the
+ * provider cannot inject that much. Ordered before later copies and messages
+ * (FI_ORDER_WAW, FI_ORDER_WAS) like any.
+ */
+static int publish_cons(struct ofi_conn *oc)
+{
+	enum { HALF = sizeof(struct ofi_ctl) - offsetof(struct ofi_ctl, vers_head) };
+	_Static_assert(HALF == 128, "the block's second half is 128 bytes");
+	if (state(oc) != OFI_ST_UP)
+		return 0;
+	if (oc->dom->inject < HALF || memcmp(&oc->me->zc, &oc->zc_sent, sizeof oc->zc_sent))
+		return publish(oc, true);
+	struct ofi_ctl *m = oc->me;
+	uint64_t v = atomic_load(&m->vers_head) + 1;
+	atomic_store(&m->vers_head, v);
+	atomic_store(&m->vers_tail, v);
+	atomic_store(&oc->published, atomic_load(&m->cons));
+	ssize_t r = OFI_RETRY(oc, fi_inject_write(oc->ep, &m->vers_head, HALF, 0,
+						  oc->peer_ctl_addr + offsetof(struct ofi_ctl, vers_head),
+						  oc->peer_ctl_key));
+	if (r) {
+		ofi_fail(oc, (int)r, "RDMA Write of the control block");
+		return (int)r;
+	}
+	bk_add(oc);
+	return 0;
 }
 
 static int flush(struct ofi_conn *oc, uint64_t upto);
@@ -293,76 +402,97 @@ static void on_error(struct ofi_conn *oc, struct fi_cq_err_entry *ee)
 	}
 	if (op->kind == OFI_OP_MISC)
 		ofi_misc_done(oc);
+	if (op->kind == OFI_OP_SEND)
+		atomic_fetch_sub_explicit(&oc->tx_out, 1, memory_order_relaxed);
 	if (ee->err == FI_ECANCELED)
 		return;
 	ofi_fail(oc, -e, "a fabric operation failed");
 }
 
-/* Read the domain's queue (under d->cqlock): every connection's
- * completions, each to its own. dying: a connection whose endpoint is
- * closed, whose completions are only dropped. */
-void ofi_reap(struct ofi_dom *d, struct ofi_conn *dying)
+/* Read the connection's own queue (under oc->cqlock). dying: its
+ * endpoint is closed, what is left is only dropped. */
+bool ofi_reap(struct ofi_conn *oc, bool dying)
 {
 	struct fi_cq_msg_entry ev[16];
-	struct ofi_conn *kicked[16];
-	int nk = 0;
+	bool kicked = false, drained = false;
+	if (!oc->cq)
+		return true;
 	for (int rounds = 0; rounds < 64; rounds++) {
-		ssize_t n = fi_cq_read(d->cq, ev, 16);
-		if (n == -FI_EAGAIN)
+		ssize_t n = fi_cq_read(oc->cq, ev, 16);
+		if (n == -FI_EAGAIN) {
+			drained = true;
 			break;
+		}
 		if (n == -FI_EAVAIL) {
 			struct fi_cq_err_entry ee;
 			memset(&ee, 0, sizeof ee);
-			if (fi_cq_readerr(d->cq, &ee, 0) < 0)
+			if (fi_cq_readerr(oc->cq, &ee, 0) < 0)
 				break;
 			struct ofi_op *op = ee.op_context;
-			if (op && op->oc && op->oc != dying && !atomic_load(&op->oc->dead))
-				on_error(op->oc, &ee);
+			if (op && !dying)
+				on_error(oc, &ee);
 			continue;
 		}
 		if (n < 0)
 			break;
+		atomic_fetch_add_explicit(&oc->reaps, (uint64_t)n, memory_order_relaxed);
+		if (dying)
+			continue;
+		bool arrived = false;
 		for (ssize_t i = 0; i < n; i++) {
 			struct ofi_op *op = ev[i].op_context;
-			if (!op || !op->oc || op->oc == dying || atomic_load(&op->oc->dead))
+			if (!op)
 				continue;
-			struct ofi_conn *oc = op->oc;
-			bool k = false;
 			if (op->kind == OFI_OP_RECV && (ev[i].flags & FI_RECV)) {
-				on_recv(oc, op, ev[i].len, &k);
-				ofi_wake(oc);     /* a sleeper of oc may not be us */
-			}
-			else if (op->kind == OFI_OP_MISC)
+				on_recv(oc, op, ev[i].len, &kicked);
+				arrived = true;
+			} else if (op->kind == OFI_OP_SEND) {
+				atomic_fetch_sub_explicit(&oc->tx_out, 1, memory_order_relaxed);
+			} else if (op->kind == OFI_OP_MISC) {
 				ofi_misc_done(oc);
-			else if (op->kind == OFI_OP_READ) {
+			} else if (op->kind == OFI_OP_READ) {
 				atomic_fetch_add(&oc->reads_done, 1);
 				ofi_misc_done(oc);
 			}
-			if (k) {
-				bool seen = false;
-				for (int j = 0; j < nk; j++)
-					seen |= kicked[j] == oc;
-				if (!seen && nk < 16)
-					kicked[nk++] = oc;
-			}
 		}
-		if (n < 16)
-			break;
+		if (arrived)
+			ofi_wake(oc);             /* a sleeper of oc may not be us */
 	}
-	for (int j = 0; j < nk; j++)
-		after_reap(kicked[j], true);
+	if (kicked)
+		after_reap(oc, true);
+	return drained;
 }
 
-static void progress(struct ofi_conn *oc);
+static void progress(struct ofi_conn *oc, bool now);
 
 void ofi_progress(struct ofi_conn *oc)
 {
 	fab_private++;
-	progress(oc);
+	progress(oc, false);
 	fab_private--;
 }
 
-static void progress(struct ofi_conn *oc)
+void ofi_progress_now(struct ofi_conn *oc)
+{
+	fab_private++;
+	progress(oc, true);
+	fab_private--;
+}
+
+/*
+ * Reading the queue is a system call or more (the tcp provider polls its
+ * sockets each time), and one send or receive of the engine asks for
+ * progress several times (pending messages, credits, marks). A queue read
+ * to its end less than OFI_REAP_TICKS ago (fab_clock; about a microsecond)
+ * is not read again: what arrived since is still signalled by its wait
+ * object (the socket's readiness, or the provider's check before a sleep,
+ * ofi_arm), a spinner looks again a microsecond later, and a wake-up reads
+ * it at once (ofi_drain).
+ */
+#define OFI_REAP_TICKS 2048
+#define OFI_BK_TICKS   (32u << 10)   /* about 10-20 us */
+
+static void progress(struct ofi_conn *oc, bool now)
 {
 	int st = state(oc);
 	if (st != OFI_ST_UP) {
@@ -380,14 +510,25 @@ static void progress(struct ofi_conn *oc)
 		if (state(oc) != OFI_ST_UP)
 			return;
 	}
-	/* Every domain's queue (usually one): reading it moves the data of
-	 * all its endpoints. A queue another thread reads is left to it. */
-	for (int i = 0; i < OFI_MAX_DOMAINS; i++) {
-		struct ofi_dom *d = &ofi_p.dom[i];
-		if (!d->used || pthread_mutex_trylock(&d->cqlock) != 0)
-			continue;
-		ofi_reap(d, NULL);
-		pthread_mutex_unlock(&d->cqlock);
+	/* Our own queue: reading it moves this endpoint's data (and only
+	 * its). A queue another thread reads is left to it. */
+	uint64_t t = fab_clock();
+	uint64_t last = atomic_load_explicit(&oc->reap_tick, memory_order_relaxed);
+	if ((now || t - last >= OFI_REAP_TICKS) && pthread_mutex_trylock(&oc->cqlock) == 0) {
+		uint64_t before = atomic_load_explicit(&oc->reaps, memory_order_relaxed);
+		bool drained = ofi_reap(oc, false);
+		atomic_store_explicit(&oc->reap_tick, drained ? fab_clock() : 0,
+				      memory_order_relaxed);
+		pthread_mutex_unlock(&oc->cqlock);
+		if (drained && atomic_load_explicit(&oc->in_bk, memory_order_relaxed) &&
+		    !has_backlog(oc))
+			ofi_bk_del(oc);
+		/* Nothing for us: a moment for the others' held sends (at
+		 * most every OFI_BK_TICKS, process-wide). */
+		if (before == atomic_load_explicit(&oc->reaps, memory_order_relaxed) &&
+		    ofi_p.nbk && fab_clock() - atomic_load_explicit(&ofi_p.bk_tick,
+				memory_order_relaxed) >= OFI_BK_TICKS)
+			ofi_backlog(oc);
 	}
 	if (atomic_load_explicit(&oc->peer->armed, memory_order_relaxed))
 		service(oc);
@@ -476,6 +617,15 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 
 void ofi_up(struct ofi_conn *oc)
 {
+	/* (under ofi_p.lock) The connection events of the domains no longer
+	 * concern it: only its own queue and sockets wake it from now on. */
+	if (oc->eqs_in_wfd) {
+		oc->eqs_in_wfd = false;
+		for (int i = 0; i < OFI_MAX_DOMAINS; i++)
+			if (ofi_p.dom[i].used)
+				syscall(SYS_epoll_ctl, oc->wfd, EPOLL_CTL_DEL, ofi_p.dom[i].eq_fd,
+					NULL);
+	}
 	pthread_mutex_lock(&oc->plock);
 	atomic_store(&oc->state, OFI_ST_UP);
 	flush(oc, atomic_load(&oc->tx_prod));     /* what waited in the ring */
@@ -513,13 +663,21 @@ static int flush(struct ofi_conn *oc, uint64_t upto)
 		struct ofi_op *op = &oc->txop[slot];
 		op->kind = OFI_OP_SEND;
 		op->idx = slot;
-		ssize_t r = OFI_RETRY(oc, fi_send(oc->ep, (void *)m, h.len, oc->desc, 0,
-						  &op->ctx));
+		/* A small message (a ping-pong's) is injected: copied at
+		 * once, no completion to write and reap; it stays in the ring
+		 * all the same until the peer consumed it. */
+		bool inj = h.len <= oc->dom->inject;
+		ssize_t r = inj ? OFI_RETRY(oc, fi_inject(oc->ep, m, h.len, 0)) :
+			OFI_RETRY(oc, fi_send(oc->ep, (void *)m, h.len, oc->desc, 0,
+					      &op->ctx));
 		if (r) {
 			ofi_fail(oc, (int)r, "send of a message");
 			return (int)r;
 		}
 		oc->tx_flushed = seq + 1;
+		if (!inj)
+			atomic_fetch_add_explicit(&oc->tx_out, 1, memory_order_relaxed);
+		bk_add(oc);
 	}
 	return 0;
 }
@@ -551,15 +709,22 @@ static int ofi_post(struct fab_ep *ep, size_t len)
 	return r;
 }
 
+static uint32_t pending(struct ofi_conn *oc)
+{
+	uint64_t c = atomic_load_explicit(&oc->cons, memory_order_acquire);
+	uint64_t a = atomic_load_explicit(&oc->arrived, memory_order_acquire);
+	return a >= c ? (uint32_t)(a - c) : 0;
+}
+
+/* What readiness (poll, epoll) and every wait go by: always reads the
+ * queue (an edge-triggered waiter may not be woken again for it). */
 static uint32_t ofi_rx_pending(struct fab_ep *ep)
 {
 	struct ofi_conn *oc = ofi_of(ep);
 	if (!oc)
 		return 0;
-	ofi_progress(oc);
-	uint64_t c = atomic_load_explicit(&oc->cons, memory_order_acquire);
-	uint64_t a = atomic_load_explicit(&oc->arrived, memory_order_acquire);
-	return a >= c ? (uint32_t)(a - c) : 0;
+	ofi_progress_now(oc);
+	return pending(oc);
 }
 
 static int ofi_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg, size_t *cap)
@@ -567,7 +732,8 @@ static int ofi_rx_peek(struct fab_ep *ep, uint32_t idx, const void **msg, size_t
 	struct ofi_conn *oc = ofi_of(ep);
 	if (!oc)
 		return -EAGAIN;
-	if (idx >= ofi_rx_pending(ep))
+	/* Messages known to be there need no read of the queue. */
+	if (idx >= pending(oc) && idx >= ofi_rx_pending(ep))
 		return -EAGAIN;
 	uint64_t c = atomic_load_explicit(&oc->cons, memory_order_relaxed) + idx;
 	uint32_t buf = oc->order[c % oc->nbufs];
@@ -586,7 +752,7 @@ static void maybe_publish_cons(struct ofi_conn *oc)
 		return;
 	if ((atomic_load_explicit(&oc->peer->armed, memory_order_relaxed) & FAB_WAIT_CREDIT) ||
 	    c == atomic_load(&oc->arrived) || c - pub >= batch)
-		ofi_publish(oc);
+		publish_cons(oc);
 }
 
 static int ofi_rx_release(struct fab_ep *ep)
@@ -857,13 +1023,29 @@ static void ofi_arm(struct fab_ep *ep, unsigned what)
 	 * first (verbs arms the completion channel; util objects clear their
 	 * signal, else a wait object read empty stays readable); the check
 	 * that follows reaps whatever is already there. */
-	if (pthread_mutex_trylock(&ofi_p.lock) == 0) {
+	ofi_backlog(oc);                      /* held sends of others move on */
+	if (oc->cq) {
+		/* Data the provider holds already (read from its socket, or
+		 * completions queued): no wait object says so, read it now. */
+		struct fid *f[1] = { &oc->cq->fid };
+		if (fi_trywait(oc->dom->fabric, f, 1) == -FI_EAGAIN) {
+			/* Read it here: a waiter in epoll may not look at this
+			 * connection again before it sleeps. An arrival makes
+			 * wfd readable (ofi_wake: we are armed now). */
+			atomic_store_explicit(&oc->reap_tick, 0, memory_order_relaxed);
+			if (pthread_mutex_trylock(&oc->cqlock) == 0) {
+				ofi_reap(oc, false);
+				pthread_mutex_unlock(&oc->cqlock);
+			}
+		}
+	}
+	if (oc->eqs_in_wfd && pthread_mutex_trylock(&ofi_p.lock) == 0) {
 		for (int i = 0; i < OFI_MAX_DOMAINS; i++) {
 			struct ofi_dom *d = &ofi_p.dom[i];
 			if (!d->used)
 				continue;
-			struct fid *f[2] = { &d->cq->fid, &d->eq->fid };
-			if (fi_trywait(d->fabric, f, 2) == -FI_EAGAIN)
+			struct fid *f[1] = { &d->eq->fid };
+			if (fi_trywait(d->fabric, f, 1) == -FI_EAGAIN)
 				ofi_cm_progress(d);
 		}
 		pthread_mutex_unlock(&ofi_p.lock);
@@ -894,7 +1076,7 @@ static int ofi_kick(struct fab_ep *ep, int wfd, unsigned what)
 		if (atomic_load(&m->cons) != atomic_load(&oc->published) ||
 		    atomic_load_explicit(&p->tx_limited, memory_order_relaxed) ||
 		    (atomic_load_explicit(&p->armed, memory_order_relaxed) & FAB_WAIT_CREDIT))
-			ofi_publish(oc);
+			publish_cons(oc);
 	}
 	if (!(atomic_load_explicit(&p->armed, memory_order_acquire) & what))
 		return 0;
@@ -915,7 +1097,7 @@ static int ofi_drain(struct fab_ep *ep, int wfd)
 		uint64_t v;
 		ssize_t e = sys_read(oc->evfd, &v, sizeof v);
 		(void)e;
-		ofi_progress(oc);
+		ofi_progress_now(oc);
 	}
 	char b;
 	ssize_t r = sys_recvfrom(wfd, &b, 1, MSG_DONTWAIT | MSG_PEEK);
@@ -933,7 +1115,7 @@ static int ofi_drain(struct fab_ep *ep, int wfd)
 		while (!oc->peer_shut && state(oc) == OFI_ST_UP && ofi_now_ns() < until) {
 			struct pollfd p = { .fd = oc->wfd, .events = POLLIN };
 			sys_poll(&p, 1, 10);
-			ofi_progress(oc);
+			ofi_progress_now(oc);
 			if (pthread_mutex_trylock(&ofi_p.lock) == 0) {
 				for (int i = 0; i < OFI_MAX_DOMAINS; i++)
 					if (ofi_p.dom[i].used)

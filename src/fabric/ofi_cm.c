@@ -46,6 +46,8 @@ static void atfork_child(void)
 {
 	ofi_p.pid = (pid_t)syscall(SYS_getpid);
 	pthread_mutex_init(&ofi_p.lock, NULL);
+	pthread_mutex_init(&ofi_p.bklock, NULL);
+	ofi_p.nbk = 0;                        /* the parent's connections */
 }
 
 void ofi_init(const struct fab_params *p)
@@ -108,26 +110,40 @@ static int high_fd(int fd)
 	return h;
 }
 
-/* Connections closed less than a few seconds ago: their operation
- * contexts stay valid for completions the provider may still queue. */
+/* Connections closed less than a few seconds ago: a thread that looked
+ * the connection up just before the last close may still read a field.
+ * Their completion queues are closed (nothing can name them any more), so
+ * a full list frees its oldest at once. */
 #define GRAVE_MAX 256
 #define GRAVE_NS (5ull * 1000000000ull)
 static struct ofi_conn *grave[GRAVE_MAX];
 static int ngrave;
 
+static void grave_free(int i)
+{
+	struct ofi_conn *g = grave[i];
+	grave[i] = grave[--ngrave];
+	pthread_mutex_destroy(&g->cqlock);
+	free(g->order);
+	free(g->rxop);
+	free(g->txop);
+	free(g->miscop);
+	free(g);
+}
+
 static void conn_bury(struct ofi_conn *oc)
 {
 	uint64_t now = ofi_now_ns();
 	for (int i = ngrave - 1; i >= 0; i--)
-		if (ngrave == GRAVE_MAX || now - grave[i]->died_ns > GRAVE_NS) {
-			struct ofi_conn *g = grave[i];
-			grave[i] = grave[--ngrave];
-			free(g->order);
-			free(g->rxop);
-			free(g->txop);
-			free(g->miscop);
-			free(g);
-		}
+		if (now - grave[i]->died_ns > GRAVE_NS)
+			grave_free(i);
+	if (ngrave == GRAVE_MAX) {
+		int old = 0;
+		for (int i = 1; i < ngrave; i++)
+			if (grave[i]->died_ns < grave[old]->died_ns)
+				old = i;
+		grave_free(old);
+	}
 	oc->died_ns = now;
 	grave[ngrave++] = oc;
 }
@@ -135,13 +151,17 @@ static void conn_bury(struct ofi_conn *oc)
 static void conn_free(struct ofi_conn *oc)
 {
 	atomic_store(&oc->dead, true);
-	if (oc->ep) {
+	ofi_bk_del(oc);
+	if (oc->ep)
 		fi_close(&oc->ep->fid);
-		/* Completions of ours still queued must go before our
-		 * contexts do. */
-		pthread_mutex_lock(&oc->dom->cqlock);
-		ofi_reap(oc->dom, oc);
-		pthread_mutex_unlock(&oc->dom->cqlock);
+	if (oc->cq) {
+		/* The endpoint is closed: drop what it left queued, then the
+		 * queue; no completion can name this connection after it. */
+		pthread_mutex_lock(&oc->cqlock);
+		ofi_reap(oc, true);
+		fi_close(&oc->cq->fid);
+		oc->cq = NULL;
+		pthread_mutex_unlock(&oc->cqlock);
 	}
 	if (oc->mr)
 		fi_close(&oc->mr->fid);
@@ -168,9 +188,10 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	oc->owner = ofi_p.pid;
 	oc->side = side;
 	oc->dom = d;
-	oc->wfd = oc->chan = oc->tcp_added = oc->evfd = -1;
+	oc->wfd = oc->chan = oc->tcp_added = oc->evfd = oc->cq_fd = -1;
 	oc->fsock = -2;
 	pthread_mutex_init(&oc->plock, NULL);
+	pthread_mutex_init(&oc->cqlock, NULL);
 	pthread_mutex_init(&oc->wlock, NULL);
 	oc->nslots = nslots;
 	oc->slot_size = slot_size;
@@ -207,15 +228,26 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 		oc->txop[i].oc = oc;
 	for (uint32_t i = 0; i < OFI_MISC_CTX; i++)
 		oc->miscop[i].oc = oc;
+	/* Our own completion queue: sends, receives, RDMA of this endpoint
+	 * only (every buffer posted, every send slot, the misc contexts). */
+	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_FD,
+				 .size = oc->nbufs + nslots + OFI_MISC_CTX + 16 };
+	if (fi_cq_open(d->domain, &ca, &oc->cq, NULL) ||
+	    fi_control(&oc->cq->fid, FI_GETWAIT, &oc->cq_fd)) {
+		OFI_LOG(1, "ofi: cannot open a completion queue");
+		goto fail;
+	}
 	oc->wfd = high_fd((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
 	oc->evfd = high_fd((int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC));
-	if (oc->wfd < 0 || oc->evfd < 0 || epoll_add(oc->wfd, oc->evfd))
+	if (oc->wfd < 0 || oc->evfd < 0 || epoll_add(oc->wfd, oc->evfd) ||
+	    epoll_add(oc->wfd, oc->cq_fd))
 		goto fail;
-	/* Every domain's events wake it (set-up or data of a peer in this
-	 * process may need them; ofi_dom_for adds later domains). */
+	/* Until it is up, every domain's connection events wake it (set-up
+	 * of a peer in this process may need them; ofi_dom_added adds later
+	 * domains); ofi_up takes them out again. */
+	oc->eqs_in_wfd = true;
 	for (int i = 0; i < OFI_MAX_DOMAINS; i++)
-		if (ofi_p.dom[i].used && (epoll_add(oc->wfd, ofi_p.dom[i].eq_fd) ||
-					  epoll_add(oc->wfd, ofi_p.dom[i].cq_fd)))
+		if (ofi_p.dom[i].used && epoll_add(oc->wfd, ofi_p.dom[i].eq_fd))
 			goto fail;
 	return oc;
 fail:
@@ -231,7 +263,7 @@ static int conn_ep(struct ofi_conn *oc, struct fi_info *info)
 	if (r)
 		return r;
 	if ((r = fi_ep_bind(oc->ep, &oc->dom->eq->fid, 0)) ||
-	    (r = fi_ep_bind(oc->ep, &oc->dom->cq->fid, FI_TRANSMIT | FI_RECV)) ||
+	    (r = fi_ep_bind(oc->ep, &oc->cq->fid, FI_TRANSMIT | FI_RECV)) ||
 	    (r = fi_enable(oc->ep)))
 		return r;
 	for (uint32_t i = 0; i < oc->nbufs; i++)

@@ -38,7 +38,8 @@
 struct ofi_lib ofi_fi;
 /* The tool links this file alone; the library's definition is fabric.c's. */
 __attribute__((weak)) __thread int fab_private;
-struct ofi_proc ofi_p = { .lock = PTHREAD_MUTEX_INITIALIZER };
+struct ofi_proc ofi_p = { .lock = PTHREAD_MUTEX_INITIALIZER,
+			  .bklock = PTHREAD_MUTEX_INITIALIZER };
 
 #define OFI_API FI_VERSION(1, 9)
 
@@ -330,20 +331,13 @@ struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len)
 	struct fid_fabric *fab = NULL;
 	struct fid_domain *dom = NULL;
 	struct fid_eq *eq = NULL;
-	struct fid_cq *cq = NULL;
 	struct fi_eq_attr ea = { .size = 256, .wait_obj = FI_WAIT_FD };
-	struct fi_cq_attr ca = { .format = FI_CQ_FORMAT_MSG, .wait_obj = FI_WAIT_FD,
-				 .size = 16384 };
 	if ((r = ofi_fi.fabric(info->fabric_attr, &fab, NULL)) ||
 	    (r = fi_domain(fab, info, &dom, NULL)) ||
 	    (r = fi_eq_open(fab, &ea, &eq, NULL)) ||
-	    (r = fi_control(&eq->fid, FI_GETWAIT, &d->eq_fd)) ||
-	    (r = fi_cq_open(dom, &ca, &cq, NULL)) ||
-	    (r = fi_control(&cq->fid, FI_GETWAIT, &d->cq_fd))) {
+	    (r = fi_control(&eq->fid, FI_GETWAIT, &d->eq_fd))) {
 		OFI_LOG(1, "ofi: cannot open the %s fabric: %s", ofi_p.prov,
 			ofi_fi.strerror(-r));
-		if (cq)
-			fi_close(&cq->fid);
 		if (eq)
 			fi_close(&eq->fid);
 		if (dom)
@@ -357,8 +351,6 @@ struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len)
 	d->fabric = fab;
 	d->domain = dom;
 	d->eq = eq;
-	d->cq = cq;
-	pthread_mutex_init(&d->cqlock, NULL);
 	d->mr_mode = (uint64_t)info->domain_attr->mr_mode;
 	d->mode = info->mode;
 	d->inject = info->tx_attr->inject_size;
@@ -372,13 +364,15 @@ struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len)
 
 /* ---- the process's connections (EQ events name them) ----------------------- */
 
+/* A new domain's connection events wake the connections still setting
+ * up (those that are up have their own completion queue to wait on). */
 void ofi_dom_added(struct ofi_dom *d)
 {
 	for (int i = 0; i < ofi_p.nconns; i++) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.fd = d->eq_fd };
-		syscall(SYS_epoll_ctl, ofi_p.conns[i]->wfd, EPOLL_CTL_ADD, d->eq_fd, &ev);
-		ev.data.fd = d->cq_fd;
-		syscall(SYS_epoll_ctl, ofi_p.conns[i]->wfd, EPOLL_CTL_ADD, d->cq_fd, &ev);
+		if (ofi_p.conns[i]->eqs_in_wfd)
+			syscall(SYS_epoll_ctl, ofi_p.conns[i]->wfd, EPOLL_CTL_ADD, d->eq_fd,
+				&ev);
 	}
 }
 
