@@ -108,6 +108,11 @@ enum shm_state {
 	SHM_ST_CONNECTED  = 1,   /* client's TCP connect succeeded */
 	SHM_ST_ATTACHED   = 2,   /* server accepted and attached */
 	SHM_ST_FAILED     = 3,   /* client's connect failed: hello is stale */
+	SHM_ST_REFUSED    = 4,   /* server could not set up its side (out of
+				  * resources) before attaching: both ends use
+				  * TCP; one wake-up token follows on it */
+	SHM_ST_ABANDONED  = 5,   /* client closed before the server attached:
+				  * it re-sent its ring on TCP; both use TCP */
 };
 
 /*
@@ -253,6 +258,8 @@ int  shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer
 int  shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s,
 		const struct fab_offer *o);
 void shm_ep_connected(struct fab_ep *ep, int err);
+int  shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd);
+bool shm_ep_abandon(struct fab_ep *ep);
 void shm_detach(struct fab_ep *ep);
 void shm_unmap(struct fab_ep *ep);
 

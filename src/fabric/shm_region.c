@@ -36,6 +36,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -283,8 +284,9 @@ static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_si
  * connect failed, so no peer ever attached. */
 static bool slot_done(struct shm_hdr *h)
 {
-	return atomic_load(&h->side[1].closed) ||
-	       atomic_load(&h->state) == SHM_ST_FAILED;
+	uint32_t st = atomic_load(&h->state);
+	return atomic_load(&h->side[1].closed) || st == SHM_ST_FAILED ||
+	       st == SHM_ST_REFUSED;
 }
 
 static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off)
@@ -353,6 +355,22 @@ int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer 
 	o->len = sizeof so;
 	memcpy(o->data, &so, sizeof so);
 	return 0;
+}
+
+/* Our last close comes first: if the server has not attached yet, take
+ * the connection back for TCP (state ABANDONED) - the server, seeing it,
+ * keeps the connection on TCP and marks its side closed - and the engine
+ * re-sends what we posted on the TCP socket (our peer's marks say final
+ * at position 0, shm.c unborn). Only once our TCP connect is done (a
+ * connect still running keeps the old way: the server reads our ring). */
+bool shm_ep_abandon(struct fab_ep *ep)
+{
+	if (ep->side != 0 || !ep->base)
+		return false;
+	uint32_t st = SHM_ST_CONNECTED;
+	if (atomic_compare_exchange_strong(&H(ep)->state, &st, SHM_ST_ABANDONED))
+		return true;
+	return st == SHM_ST_ABANDONED || st == SHM_ST_REFUSED;
 }
 
 void shm_ep_connected(struct fab_ep *ep, int err)
@@ -467,6 +485,8 @@ static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 	return r;
 }
 
+static void spare_reserve(void);
+
 /* Map the region the client's offer names, as side 1, validating its
  * header; an offer of an earlier attempt of the same connection (another
  * token, or its client failed) is stale. */
@@ -476,6 +496,9 @@ int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab
 	if (o->len != sizeof so)
 		return -EPROTO;
 	memcpy(&so, o->data, sizeof so);
+	lock();
+	spare_reserve();                      /* for declining later (below) */
+	unlock();
 	if ((so.flags & ~(SHM_OFFER_POOLED | SHM_OFFER_LINK | SHM_OFFER_LINK_ID)) ||
 	    (so.flags & SHM_OFFER_LINK && so.flags & SHM_OFFER_LINK_ID) ||
 	    o->nfds != ((so.flags & SHM_OFFER_LINK) ? 3u : 1u))
@@ -484,17 +507,149 @@ int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab
 		       (so.flags & SHM_OFFER_POOLED) != 0);
 	if (r < 0)
 		return r;
-	if (H(ep)->token != s->token ||
-	    atomic_load(&H(ep)->state) == SHM_ST_FAILED) {
+	if (H(ep)->token != s->token) {
 		shm_unmap(ep);
 		ep->base = NULL;
 		return -ESTALE;
 	}
+	/* Attaching is a CAS on the state: the client may be taking the
+	 * connection back for TCP at its close (ABANDONED) at the same time.
+	 * Nothing else of ours is written before we won. */
+	uint32_t st = atomic_load(&H(ep)->state);
+	for (;;) {
+		if (st == SHM_ST_CONNECTING || st == SHM_ST_CONNECTED) {
+			if (atomic_compare_exchange_weak(&H(ep)->state, &st,
+							 SHM_ST_ATTACHED))
+				break;
+			continue;
+		}
+		if (st == SHM_ST_ABANDONED)   /* our last word: the slot is free */
+			atomic_store(&H(ep)->side[1].closed, 1);
+		shm_unmap(ep);
+		ep->base = NULL;
+		return st == SHM_ST_ABANDONED ? -ENOTCONN : -ESTALE;
+	}
 	side_init(ep, s);
 	if (so.flags & (SHM_OFFER_LINK | SHM_OFFER_LINK_ID))
 		shm_link_accept(ep, o, so.link_id);
-	atomic_store(&H(ep)->state, SHM_ST_ATTACHED);
 	return r;
+}
+
+/*
+ * Declining an offer (PROTOCOL.md section 4): the server could not set up
+ * its side (no address space or mapping for the region, no connection
+ * slot) and tells the client, through the region's header, that both ends
+ * use TCP. The header page is mapped over a page of address space kept in
+ * reserve for this (MAP_FIXED over a mapping of ours neither grows the
+ * address space nor adds a mapping), so that a server with RLIMIT_AS or
+ * vm.max_map_count exhausted can still decline instead of resetting.
+ * Called locked.
+ */
+static void *spare;                /* reserved PROT_NONE page, or NULL */
+
+static void spare_reserve(void)
+{
+	if (!spare) {
+		void *p = mmap(NULL, SHM_HDR_SIZE, PROT_NONE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		spare = p == MAP_FAILED ? NULL : p;
+	}
+}
+
+static void spare_restore(void)
+{
+	void *p = mmap(spare, SHM_HDR_SIZE, PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+	if (p == MAP_FAILED) {
+		munmap(spare, SHM_HDR_SIZE);
+		spare = NULL;
+	}
+}
+
+static struct shm_hdr *hdr_map(int memfd, uint64_t off, bool *fixed)
+{
+	spare_reserve();
+	*fixed = spare != NULL;
+	void *p = mmap(spare, SHM_HDR_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_SHARED | (spare ? MAP_FIXED : 0), memfd, (off_t)off);
+	if (p != MAP_FAILED)
+		return p;
+	if (spare)
+		spare_restore();          /* a failed MAP_FIXED may have unmapped it */
+	return NULL;
+}
+
+static void hdr_unmap(struct shm_hdr *h, bool fixed)
+{
+	if (fixed)
+		spare_restore();
+	else
+		munmap(h, SHM_HDR_SIZE);
+}
+
+int shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd)
+{
+	struct shm_offer so;
+	struct stat st;
+	if (o->len != sizeof so || o->nfds < 1)
+		return -EPROTO;
+	memcpy(&so, o->data, sizeof so);
+	uint64_t off = (uint64_t)so.region_pg * 4096;
+	if ((so.flags & ~(SHM_OFFER_POOLED | SHM_OFFER_LINK | SHM_OFFER_LINK_ID)) ||
+	    (!(so.flags & SHM_OFFER_POOLED) && off))
+		return -EPROTO;
+	if (fstat(o->fds[0], &st) < 0)
+		return -errno;
+	if ((size_t)st.st_size < SHM_HDR_SIZE || (uint64_t)st.st_size > SHM_MEMFD_MAX ||
+	    off > (uint64_t)st.st_size - SHM_HDR_SIZE || !seals_ok(o->fds[0]))
+		return -EPROTO;
+	lock();
+	bool fixed;
+	struct shm_hdr *h = hdr_map(o->fds[0], off, &fixed);
+	if (!h) {
+		int e = -errno;
+		unlock();
+		return e ? e : -ENOMEM;
+	}
+	int r = 0;
+	if (h->magic != SHM_MAGIC || h->version != SHM_VERSION) {
+		r = -EPROTO;
+	} else if (h->token != s->token) {
+		r = -ESTALE;
+	} else {
+		uint32_t v = atomic_load(&h->state);
+		for (;;) {
+			if (v == SHM_ST_CONNECTING || v == SHM_ST_CONNECTED) {
+				if (!atomic_compare_exchange_weak(&h->state, &v,
+								  SHM_ST_REFUSED))
+					continue;
+				r = 1;        /* declined: a token follows */
+			} else if (v == SHM_ST_ABANDONED) {
+				atomic_store(&h->side[1].closed, 1);
+			} else {
+				r = -ESTALE;  /* failed, or decided already */
+			}
+			break;
+		}
+	}
+	hdr_unmap(h, fixed);
+	unlock();
+	if (r != 1)
+		return r;
+	/* The one token the client counts for a declined connection: it
+	 * wakes a client asleep on the socket; written after the state, so
+	 * the client that reads it finds the state too. Nothing of ours was
+	 * on the socket before, and the application gets it only now. */
+	static const unsigned char tok = SHM_TOKEN_BYTE;
+	for (;;) {
+		long k = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+				 NULL, 0);
+		if (k == 1)
+			return 0;
+		if (k < 0 && errno == EINTR)
+			continue;
+		return k < 0 ? -errno : -EIO;
+	}
 }
 
 /* This process no longer uses the region; the connection may live on in
