@@ -283,6 +283,11 @@ struct fab_ops {
 	 * and the peer's marks say so (FB_FINAL at position 0): the engine
 	 * hands back what we posted on the TCP socket before it closes. */
 	bool     (*abandon)(struct fab_ep *ep);
+	/* Optional: has the peer set up its side (shm: the server attached
+	 * the region)? A wait for a peer that is not up does not spin: it
+	 * arms and sleeps at once (the peer's first kick wakes it). Lock-free,
+	 * any thread; NULL: always up. */
+	bool     (*peer_up)(struct fab_ep *ep);
 	/* The last holder of our side is done with the connection (after
 	 * marking it closed, or after connected() with an error): the memory
 	 * may be reused once the peer is done too. ep is unusable after it. */

@@ -820,6 +820,7 @@ const struct fab_ops fab_shm_ops = {
 	.connected   = shm_ep_connected,
 	.decline     = shm_ep_decline,
 	.abandon     = shm_ep_abandon,
+	.peer_up     = shm_ep_peer_up,
 	.detach      = shm_detach,
 	.unmap       = shm_unmap,
 	/* message channel */

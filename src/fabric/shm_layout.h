@@ -260,6 +260,7 @@ int  shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s,
 void shm_ep_connected(struct fab_ep *ep, int err);
 int  shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd);
 bool shm_ep_abandon(struct fab_ep *ep);
+bool shm_ep_peer_up(struct fab_ep *ep);
 void shm_detach(struct fab_ep *ep);
 void shm_unmap(struct fab_ep *ep);
 

@@ -51,7 +51,7 @@ enum shm_lease {
 	LEASE_CDONE = 2,   /* closed on our side; reusable once the peer is done */
 };
 
-#define SHM_MAPS      64                       /* mappings one process tracks */
+#define SHM_MAPS      128                      /* mappings one process tracks */
 #define SHM_IDLE_MAX  4                        /* unused mappings kept */
 #define SHM_IDLE_NS   (2ull * 1000000000ull)   /* ... and for how long */
 #define SHM_ARENA_FD_MIN 900                   /* keep our fd out of the way */
@@ -69,7 +69,9 @@ struct shm_map {                   /* one mapping of a memfd in this process */
 	size_t   slot_len;             /* bytes per slot (page multiple) */
 };
 
-#define SHM_ARENAS 4
+#define SHM_ARENAS      16   /* arenas of ours in all */
+#define SHM_PEER_ARENAS  8   /* ... and for one peer: its slots grow in steps
+			      * of region_cache up to 8 x region_cache */
 
 /* Private to the process (fork copies it, as fork copies the mappings). */
 static struct shm_map maps[SHM_MAPS];
@@ -215,30 +217,17 @@ static void arena_drop(struct shm_map *m)
 	m->base = NULL;
 }
 
-/* The arena serving peer, created on first use. The application may have
- * closed or replaced our descriptor (close loops, dup2): then that arena
- * is retired - its mapping stays while connections use it - and a new one
- * is made. Called locked. */
-static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_size)
+/* A new arena for peer (one more when those it has are full). At most
+ * SHM_ARENAS arenas in all: beyond that the one idle longest (no
+ * connection of ours in it) makes room, else NULL. Called locked. */
+static struct shm_map *arena_new(int32_t peer, uint32_t nslots, uint32_t slot_size)
 {
 	struct shm_map *idle = NULL;
 	int narenas = 0;
-	if (!arena_slots || peer <= 0)
-		return NULL;
 	for (int i = 0; i < SHM_MAPS; i++) {
 		struct shm_map *m = &maps[i];
 		if (!m->base || m->fd < 0)
 			continue;
-		if (m->peer == peer && m->nslots == nslots && m->slot_size == slot_size) {
-			if (arena_ours(m))
-				return m;
-			m->fd = -2;           /* retired: never passed again */
-			if (!m->refs) {
-				munmap(m->base, m->len);
-				m->base = NULL;
-			}
-			continue;
-		}
 		narenas++;
 		if (!m->refs && (!idle || m->idle_since < idle->idle_since))
 			idle = m;
@@ -279,6 +268,58 @@ static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_si
 	return m;
 }
 
+/* An arena of ours our descriptor no longer names (the application closed
+ * or replaced it: close loops, dup2): never passed again; its mapping stays
+ * while connections use it. Called locked. */
+static void arena_retire(struct shm_map *m)
+{
+	m->fd = -2;
+	if (!m->refs) {
+		munmap(m->base, m->len);
+		m->base = NULL;
+	}
+}
+
+static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off, uint32_t *was);
+
+/* A free slot of an arena serving peer: of those it has, else of a new
+ * one while it has fewer than SHM_PEER_ARENAS (a busy peer's arenas grow,
+ * so that sustained churn reuses slots instead of making a region per
+ * connection). The arena is checked to be still ours (fstat) only when a
+ * slot of it is taken. Called locked; NULL: a region of its own. */
+static struct shm_hdr *arena_claim(int32_t peer, uint32_t nslots, uint32_t slot_size,
+				   struct shm_map **out, uint64_t *off)
+{
+	if (!arena_slots || peer <= 0)
+		return NULL;
+	int mine = 0;
+	uint32_t was;
+	for (int i = 0; i < SHM_MAPS; i++) {
+		struct shm_map *m = &maps[i];
+		if (!m->base || m->fd < 0 || m->peer != peer || m->nslots != nslots ||
+		    m->slot_size != slot_size)
+			continue;
+		mine++;
+		struct shm_hdr *h = slot_claim(m, off, &was);
+		if (!h)
+			continue;
+		if (arena_ours(m)) {
+			*out = m;
+			return h;
+		}
+		atomic_store(&h->lease, was);     /* not ours to pass any more */
+		mine--;
+		arena_retire(m);
+	}
+	if (mine >= SHM_PEER_ARENAS)
+		return NULL;
+	struct shm_map *m = arena_new(peer, nslots, slot_size);
+	struct shm_hdr *h = m ? slot_claim(m, off, &was) : NULL;
+	if (h)
+		*out = m;
+	return h;
+}
+
 /* May the slot be claimed? Its previous connection must be over on both
  * sides: ours closed (CDONE) and the peer's closed mark set - or the
  * connect failed, so no peer ever attached. */
@@ -289,7 +330,7 @@ static bool slot_done(struct shm_hdr *h)
 	       st == SHM_ST_REFUSED;
 }
 
-static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off)
+static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off, uint32_t *was)
 {
 	uint32_t n = (uint32_t)(a->len / a->slot_len);
 	for (uint32_t i = 0; i < n; i++) {
@@ -298,6 +339,7 @@ static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off)
 		if (l == LEASE_BUSY || (l == LEASE_CDONE && !slot_done(h)))
 			continue;
 		if (atomic_compare_exchange_strong(&h->lease, &l, LEASE_BUSY)) {
+			*was = l;
 			*off = (uint64_t)i * a->slot_len;
 			return h;
 		}
@@ -320,8 +362,8 @@ int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer 
 	uint64_t off = 0;
 	memset(o, 0, sizeof *o);
 	lock();
-	struct shm_map *a = arena_get(s->peer_pid, s->nslots, s->slot_size);
-	struct shm_hdr *h = a ? slot_claim(a, &off) : NULL;
+	struct shm_map *a = NULL;
+	struct shm_hdr *h = arena_claim(s->peer_pid, s->nslots, s->slot_size, &a, &off);
 	if (h) {
 		o->reused = h->magic == SHM_MAGIC;
 		a->refs++;
@@ -371,6 +413,13 @@ bool shm_ep_abandon(struct fab_ep *ep)
 	if (atomic_compare_exchange_strong(&H(ep)->state, &st, SHM_ST_ABANDONED))
 		return true;
 	return st == SHM_ST_ABANDONED || st == SHM_ST_REFUSED;
+}
+
+/* The server has attached (accepting side: we are the server). */
+bool shm_ep_peer_up(struct fab_ep *ep)
+{
+	return ep->side != 0 ||
+	       atomic_load_explicit(&H(ep)->state, memory_order_relaxed) == SHM_ST_ATTACHED;
 }
 
 void shm_ep_connected(struct fab_ep *ep, int err)
