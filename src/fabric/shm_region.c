@@ -18,9 +18,16 @@
  * claimed again only once the peer has marked its side closed (its last
  * write to the region) or the connect failed (no peer ever attached), so a
  * reused slot never has a writer from its previous life. Each arena keeps
- * its memfd open (kept at a high descriptor number); SHM_ARENAS arenas at
- * most, one with no connection of ours is dropped for a new peer. A
- * connection that finds no free slot gets a region of its own as before.
+ * its memfd open (kept at a high descriptor number). A busy peer gets more
+ * arenas (SHM_PEER_ARENAS at most) when the slots of those it has are all
+ * taken; SHM_ARENAS arenas in all, one with no connection of ours is
+ * dropped to make room. A connection that finds no free slot gets a region
+ * of its own as before.
+ *
+ * The set-up state word in the header (PROTOCOL.md section 4) decides by
+ * CAS between the server attaching, the server declining (out of
+ * resources: both ends use TCP) and the client abandoning (closed before
+ * the server looked: both use TCP); see shm_ep_decline.
  *
  * Accepting side: mappings of received memfds are cached by (st_dev,
  * st_ino). A hello that names a slot of an arena we have mapped costs no

@@ -26,9 +26,13 @@
  * the decision needs no timeout and no byte on the TCP stream. A hello is
  * accepted only from the listener's uid (SO_PEERCRED); the provider it
  * names consumes the offer (shm: maps and validates the memory). A client
- * whose hello is there but cannot be served - its memory did not arrive,
- * its offer is refused, its version is another - is committed all the
- * same: its connection is reset, never kept as TCP on our side only.
+ * whose offer we cannot take for lack of resources (memory, address
+ * space, mappings, connection slots) is declined through its provider:
+ * both ends carry the connection on TCP, the client handing back what it
+ * had posted. A client whose hello is there but cannot be served otherwise
+ * - its memory did not arrive, its offer is refused, its version is
+ * another - is committed all the same: its connection is reset, never
+ * kept as TCP on our side only.
  *
  * Forked servers (one listening socket, several accepting processes) share
  * the rendezvous: each process takes the queue's hellos under a process-
