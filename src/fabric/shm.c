@@ -63,9 +63,11 @@
  * position 0. 0 while the connection may still be (or is) set up. */
 static uint32_t unborn(struct fab_ep *ep)
 {
-	if (ep->side != 0)
+	if (ep->side != 0 || atomic_load_explicit(&SE(ep)->peer_up, memory_order_relaxed))
 		return 0;
 	uint32_t st = atomic_load_explicit(&H(ep)->state, memory_order_acquire);
+	if (st == SHM_ST_ATTACHED)
+		atomic_store_explicit(&SE(ep)->peer_up, 1, memory_order_relaxed);
 	return st == SHM_ST_REFUSED || st == SHM_ST_ABANDONED ? st : 0;
 }
 

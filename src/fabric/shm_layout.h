@@ -87,6 +87,9 @@ struct shm_ep {
 					  * table, inherited by fork), -1: none */
 	_Atomic int32_t q_bound;         /* pid of the process that bound the
 					  * endpoint to its queue (q_bind), 0: none */
+	_Atomic uint32_t peer_up;        /* connecting side: 1 once the region's
+					  * state was seen ATTACHED (it never
+					  * changes again: not looked at since) */
 };
 _Static_assert(sizeof(struct shm_ep) <= FAB_EP_PRIV, "fits the endpoint");
 static inline struct shm_ep *SE(struct fab_ep *ep) { return (struct shm_ep *)(void *)ep->priv; }

@@ -73,12 +73,14 @@ struct shm_map {                   /* one mapping of a memfd in this process */
 	/* arenas only */
 	int32_t  peer;                 /* the one process it serves */
 	uint32_t nslots, slot_size;    /* geometry of its regions */
+	uint32_t next;                 /* slot to look at first */
 	size_t   slot_len;             /* bytes per slot (page multiple) */
 };
 
 #define SHM_ARENAS      16   /* arenas of ours in all */
-#define SHM_PEER_ARENAS  8   /* ... and for one peer: its slots grow in steps
-			      * of region_cache up to 8 x region_cache */
+#define SHM_PEER_ARENAS  8   /* ... and for one peer, each twice the one
+			      * before up to 8 x region_cache slots: 376
+			      * slots with the default 8 */
 
 /* Private to the process (fork copies it, as fork copies the mappings). */
 static struct shm_map maps[SHM_MAPS];
@@ -227,7 +229,8 @@ static void arena_drop(struct shm_map *m)
 /* A new arena for peer (one more when those it has are full). At most
  * SHM_ARENAS arenas in all: beyond that the one idle longest (no
  * connection of ours in it) makes room, else NULL. Called locked. */
-static struct shm_map *arena_new(int32_t peer, uint32_t nslots, uint32_t slot_size)
+static struct shm_map *arena_new(int32_t peer, uint32_t nslots, uint32_t slot_size,
+				 int nth)
 {
 	struct shm_map *idle = NULL;
 	int narenas = 0;
@@ -252,7 +255,10 @@ static struct shm_map *arena_new(int32_t peer, uint32_t nslots, uint32_t slot_si
 	size_t fit = SHM_MEMFD_MAX / slot_len;
 	if (!fit)
 		return NULL;
-	size_t len = slot_len * (arena_slots < fit ? arena_slots : fit);
+	/* A peer's first arena has region_cache slots, each further one
+	 * twice as many up to 8 times (8, 16, 32, 64, 64, ... by default). */
+	size_t want = (size_t)arena_slots << (nth < 3 ? nth : 3);
+	size_t len = slot_len * (want < fit ? want : fit);
 	int fd = memfd_new(len);
 	if (fd < 0)
 		return NULL;
@@ -320,7 +326,7 @@ static struct shm_hdr *arena_claim(int32_t peer, uint32_t nslots, uint32_t slot_
 	}
 	if (mine >= SHM_PEER_ARENAS)
 		return NULL;
-	struct shm_map *m = arena_new(peer, nslots, slot_size);
+	struct shm_map *m = arena_new(peer, nslots, slot_size, mine);
 	struct shm_hdr *h = m ? slot_claim(m, off, &was) : NULL;
 	if (h)
 		*out = m;
@@ -340,13 +346,18 @@ static bool slot_done(struct shm_hdr *h)
 static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off, uint32_t *was)
 {
 	uint32_t n = (uint32_t)(a->len / a->slot_len);
-	for (uint32_t i = 0; i < n; i++) {
+	/* From the slot after the last one claimed: slots come back about
+	 * in the order they were taken, so a big arena is not scanned whole
+	 * (each look at a lease is a cache and TLB miss). */
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t i = (a->next + k) % n;
 		struct shm_hdr *h = (void *)(a->base + (size_t)i * a->slot_len);
 		uint32_t l = atomic_load(&h->lease);
 		if (l == LEASE_BUSY || (l == LEASE_CDONE && !slot_done(h)))
 			continue;
 		if (atomic_compare_exchange_strong(&h->lease, &l, LEASE_BUSY)) {
 			*was = l;
+			a->next = i + 1;
 			*off = (uint64_t)i * a->slot_len;
 			return h;
 		}
@@ -425,8 +436,12 @@ bool shm_ep_abandon(struct fab_ep *ep)
 /* The server has attached (accepting side: we are the server). */
 bool shm_ep_peer_up(struct fab_ep *ep)
 {
-	return ep->side != 0 ||
-	       atomic_load_explicit(&H(ep)->state, memory_order_relaxed) == SHM_ST_ATTACHED;
+	if (ep->side != 0 || atomic_load_explicit(&SE(ep)->peer_up, memory_order_relaxed))
+		return true;
+	if (atomic_load_explicit(&H(ep)->state, memory_order_relaxed) != SHM_ST_ATTACHED)
+		return false;
+	atomic_store_explicit(&SE(ep)->peer_up, 1, memory_order_relaxed);
+	return true;
 }
 
 void shm_ep_connected(struct fab_ep *ep, int err)
