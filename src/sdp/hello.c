@@ -809,12 +809,20 @@ static bool unjoined(struct sdp_listener *l)
 static int decline(const struct fab_ops *ops, const struct pending *mine,
 		   const struct fab_setup *su, int newfd, const char *reason)
 {
-	if (!ops->decline)
+	int r;
+	if (ops->decline) {
+		struct fab_offer o = { .len = mine->h.offer_len, .nfds = mine->h.nfds };
+		memcpy(o.fds, mine->fds, sizeof o.fds);
+		memcpy(o.data, mine->h.offer, sizeof o.data);
+		r = ops->decline(su, &o, newfd);
+	} else if ((ops->traits & FAB_T_REMOTE) && mine->h.nfds >= 1) {
+		/* A network hello's descriptor is its rendezvous socket
+		 * (hello_net.c): closed without the answer 'Y', the client
+		 * and we both use TCP (PROTOCOL.md section 14.2). */
+		r = sys_shutdown(mine->fds[0], SHUT_RDWR) < 0 ? -errno : 0;
+	} else {
 		return -EOPNOTSUPP;
-	struct fab_offer o = { .len = mine->h.offer_len, .nfds = mine->h.nfds };
-	memcpy(o.fds, mine->fds, sizeof o.fds);
-	memcpy(o.data, mine->h.offer, sizeof o.data);
-	int r = ops->decline(su, &o, newfd);
+	}
 	if (r == 0) {
 		sdp_log(1, "accept fd %d: SDP could not be set up (%s): TCP, and its "
 			"client follows", newfd, reason);
