@@ -271,6 +271,27 @@ struct fab_ops {
 	 * the hello never left (err -errno: no peer will ever accept this
 	 * offer). Under no lock; called once. */
 	void     (*connected)(struct fab_ep *ep, int err);
+	/* Accepting side, optional (NULL: the connection is reset): the
+	 * offer o cannot be set up here before we attached (out of memory,
+	 * address space, mappings, connection slots). Tell the client that
+	 * both ends use the TCP connection wfd (the accepted socket), so
+	 * that it hands back on it what it posted (PROTOCOL.md section 4):
+	 * 0 (done: wfd is plain TCP, anything written on it for the client
+	 * is accounted for), -ESTALE (as for accept), or -errno (the client
+	 * could not be told: reset). The engine keeps ownership of o->fds. */
+	int      (*decline)(const struct fab_setup *s, const struct fab_offer *o,
+			    int wfd);
+	/* Connecting side, optional: our last close comes before the peer
+	 * attached. true: the provider took the connection back for TCP
+	 * before the peer could attach (the peer then keeps it on TCP too),
+	 * and the peer's marks say so (FB_FINAL at position 0): the engine
+	 * hands back what we posted on the TCP socket before it closes. */
+	bool     (*abandon)(struct fab_ep *ep);
+	/* Optional: has the peer set up its side (shm: the server attached
+	 * the region)? A wait for a peer that is not up does not spin: it
+	 * arms and sleeps at once (the peer's first kick wakes it). Lock-free,
+	 * any thread; NULL: always up. */
+	bool     (*peer_up)(struct fab_ep *ep);
 	/* The last holder of our side is done with the connection (after
 	 * marking it closed, or after connected() with an error): the memory
 	 * may be reused once the peer is done too. ep is unusable after it. */

@@ -55,10 +55,36 @@
 
 #include "fabric/shm_layout.h"
 
+/* The connecting side's view of a server that never attached and never
+ * will (PROTOCOL.md section 4): it declined (REFUSED: it wrote one token
+ * on the TCP socket) or we abandoned the connection at close (ABANDONED:
+ * it wrote nothing). Either way the peer is on TCP with a final count,
+ * having consumed nothing: as if its fallback mark were final at
+ * position 0. 0 while the connection may still be (or is) set up. */
+static uint32_t unborn(struct fab_ep *ep)
+{
+	if (ep->side != 0 || atomic_load_explicit(&SE(ep)->peer_up, memory_order_relaxed))
+		return 0;
+	uint32_t st = atomic_load_explicit(&H(ep)->state, memory_order_acquire);
+	if (st == SHM_ST_ATTACHED)
+		atomic_store_explicit(&SE(ep)->peer_up, 1, memory_order_relaxed);
+	return st == SHM_ST_REFUSED || st == SHM_ST_ABANDONED ? st : 0;
+}
+
+/* The peer's count of wake-up tokens, as published (bit TOKENS_FROZEN
+ * included). */
+static uint64_t peer_tokens_sent(struct fab_ep *ep)
+{
+	uint32_t u = unborn(ep);
+	if (u)
+		return TOKENS_FROZEN | (u == SHM_ST_REFUSED ? 1 : 0);
+	return atomic_load(&peer(ep)->tokens_sent);
+}
+
 /* Tokens the peer announced that we have not consumed yet. */
 static uint64_t shm_tokens_due(struct fab_ep *ep)
 {
-	uint64_t sent = atomic_load(&peer(ep)->tokens_sent) & ~TOKENS_FROZEN;
+	uint64_t sent = peer_tokens_sent(ep) & ~TOKENS_FROZEN;
 	uint64_t got = atomic_load(&SE(ep)->my_tokens_rcvd);
 	return sent > got ? sent - got : 0;
 }
@@ -169,6 +195,8 @@ static unsigned shm_marks(struct fab_ep *ep, unsigned want)
 {
 	struct shm_side *p = peer(ep);
 	unsigned r = peer_marks(p, want);
+	if ((want & (FAB_M_FB | FAB_M_FB_FINAL)) && unborn(ep))
+		r |= want & (FAB_M_FB | FAB_M_FB_FINAL);
 	if (want & FAB_MY(0xffffu))
 		r |= FAB_MY(my_marks(ep, want >> 16));
 	/* FIN, and we consumed every message before it */
@@ -231,7 +259,7 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 		return insane(why, "bad fallback mark");
 	/* we never take more wake-up tokens than the peer has sent */
 	uint64_t tr = atomic_load(&se->my_tokens_rcvd);
-	uint64_t ts = atomic_load(&p->tokens_sent) & ~TOKENS_FROZEN;
+	uint64_t ts = peer_tokens_sent(ep) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
 		return insane(why, "wake-up tokens that cannot exist");
 	if (atomic_load(&p->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
@@ -362,6 +390,11 @@ static void shm_fb_publish(struct fab_ep *ep, uint32_t rx_off)
 static void shm_fb_peer_pos(struct fab_ep *ep, uint64_t *cons, uint32_t *off)
 {
 	struct shm_side *p = peer(ep);
+	if (unborn(ep)) {
+		*cons = 0;                    /* never attached: consumed nothing */
+		*off = 0;
+		return;
+	}
 	*cons = atomic_load(&p->fb_rx_cons);
 	*off = p->fb_rx_off;
 }
@@ -838,7 +871,7 @@ static int send_token(struct fab_ep *ep, int wfd)
  */
 static bool stray_byte(struct fab_ep *ep)
 {
-	return shm_tokens_due(ep) == 0 &&
+	return shm_tokens_due(ep) == 0 && !unborn(ep) &&
 	       atomic_load(&peer(ep)->fb) != SHM_FB_FINAL;
 }
 
@@ -962,6 +995,9 @@ const struct fab_ops fab_shm_ops = {
 	.offer       = shm_ep_offer,
 	.accept      = shm_ep_accept,
 	.connected   = shm_ep_connected,
+	.decline     = shm_ep_decline,
+	.abandon     = shm_ep_abandon,
+	.peer_up     = shm_ep_peer_up,
 	.detach      = shm_detach,
 	.unmap       = shm_unmap,
 	/* message channel */

@@ -106,6 +106,9 @@ struct shm_ep {
 	_Atomic uint64_t idle_prod;      /* my_prod at the last idle look */
 	_Atomic uint64_t idle_since;     /* sdp_now_ns() since when my_prod has
 					  * stayed idle_prod with the ring empty */
+	_Atomic uint32_t peer_up;        /* connecting side: 1 once the region's
+					  * state was seen ATTACHED (it never
+					  * changes again: not looked at since) */
 };
 _Static_assert(sizeof(struct shm_ep) <= FAB_EP_PRIV, "fits the endpoint");
 static inline struct shm_ep *SE(struct fab_ep *ep) { return (struct shm_ep *)(void *)ep->priv; }
@@ -127,6 +130,11 @@ enum shm_state {
 	SHM_ST_CONNECTED  = 1,   /* client's TCP connect succeeded */
 	SHM_ST_ATTACHED   = 2,   /* server accepted and attached */
 	SHM_ST_FAILED     = 3,   /* client's connect failed: hello is stale */
+	SHM_ST_REFUSED    = 4,   /* server could not set up its side (out of
+				  * resources) before attaching: both ends use
+				  * TCP; one wake-up token follows on it */
+	SHM_ST_ABANDONED  = 5,   /* client closed before the server attached:
+				  * it re-sent its ring on TCP; both use TCP */
 };
 
 /*
@@ -298,6 +306,9 @@ int  shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer
 int  shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s,
 		const struct fab_offer *o);
 void shm_ep_connected(struct fab_ep *ep, int err);
+int  shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd);
+bool shm_ep_abandon(struct fab_ep *ep);
+bool shm_ep_peer_up(struct fab_ep *ep);
 void shm_detach(struct fab_ep *ep);
 void shm_unmap(struct fab_ep *ep);
 

@@ -18,9 +18,16 @@
  * claimed again only once the peer has marked its side closed (its last
  * write to the region) or the connect failed (no peer ever attached), so a
  * reused slot never has a writer from its previous life. Each arena keeps
- * its memfd open (kept at a high descriptor number); SHM_ARENAS arenas at
- * most, one with no connection of ours is dropped for a new peer. A
- * connection that finds no free slot gets a region of its own as before.
+ * its memfd open (kept at a high descriptor number). A busy peer gets more
+ * arenas (SHM_PEER_ARENAS at most) when the slots of those it has are all
+ * taken; SHM_ARENAS arenas in all, one with no connection of ours is
+ * dropped to make room. A connection that finds no free slot gets a region
+ * of its own as before.
+ *
+ * The set-up state word in the header (PROTOCOL.md section 4) decides by
+ * CAS between the server attaching, the server declining (out of
+ * resources: both ends use TCP) and the client abandoning (closed before
+ * the server looked: both use TCP); see shm_ep_decline.
  *
  * Accepting side: mappings of received memfds are cached by (st_dev,
  * st_ino). A hello that names a slot of an arena we have mapped costs no
@@ -36,6 +43,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -50,7 +58,7 @@ enum shm_lease {
 	LEASE_CDONE = 2,   /* closed on our side; reusable once the peer is done */
 };
 
-#define SHM_MAPS      64                       /* mappings one process tracks */
+#define SHM_MAPS      128                      /* mappings one process tracks */
 #define SHM_IDLE_MAX  4                        /* unused mappings kept */
 #define SHM_IDLE_NS   (2ull * 1000000000ull)   /* ... and for how long */
 #define SHM_ARENA_FD_MIN 900                   /* keep our fd out of the way */
@@ -65,10 +73,14 @@ struct shm_map {                   /* one mapping of a memfd in this process */
 	/* arenas only */
 	int32_t  peer;                 /* the one process it serves */
 	uint32_t nslots, slot_size;    /* geometry of its regions */
+	uint32_t next;                 /* slot to look at first */
 	size_t   slot_len;             /* bytes per slot (page multiple) */
 };
 
-#define SHM_ARENAS 4
+#define SHM_ARENAS      16   /* arenas of ours in all */
+#define SHM_PEER_ARENAS  8   /* ... and for one peer, each twice the one
+			      * before up to 8 x region_cache slots: 376
+			      * slots with the default 8 */
 
 /* Private to the process (fork copies it, as fork copies the mappings). */
 static struct shm_map maps[SHM_MAPS];
@@ -215,30 +227,18 @@ static void arena_drop(struct shm_map *m)
 	m->base = NULL;
 }
 
-/* The arena serving peer, created on first use. The application may have
- * closed or replaced our descriptor (close loops, dup2): then that arena
- * is retired - its mapping stays while connections use it - and a new one
- * is made. Called locked. */
-static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_size)
+/* A new arena for peer (one more when those it has are full). At most
+ * SHM_ARENAS arenas in all: beyond that the one idle longest (no
+ * connection of ours in it) makes room, else NULL. Called locked. */
+static struct shm_map *arena_new(int32_t peer, uint32_t nslots, uint32_t slot_size,
+				 int nth)
 {
 	struct shm_map *idle = NULL;
 	int narenas = 0;
-	if (!arena_slots || peer <= 0)
-		return NULL;
 	for (int i = 0; i < SHM_MAPS; i++) {
 		struct shm_map *m = &maps[i];
 		if (!m->base || m->fd < 0)
 			continue;
-		if (m->peer == peer && m->nslots == nslots && m->slot_size == slot_size) {
-			if (arena_ours(m))
-				return m;
-			m->fd = -2;           /* retired: never passed again */
-			if (!m->refs) {
-				munmap(m->base, m->len);
-				m->base = NULL;
-			}
-			continue;
-		}
 		narenas++;
 		if (!m->refs && (!idle || m->idle_since < idle->idle_since))
 			idle = m;
@@ -256,7 +256,10 @@ static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_si
 	size_t fit = SHM_MEMFD_MAX / slot_len;
 	if (!fit)
 		return NULL;
-	size_t len = slot_len * (arena_slots < fit ? arena_slots : fit);
+	/* A peer's first arena has region_cache slots, each further one
+	 * twice as many up to 8 times (8, 16, 32, 64, 64, ... by default). */
+	size_t want = (size_t)arena_slots << (nth < 3 ? nth : 3);
+	size_t len = slot_len * (want < fit ? want : fit);
 	int fd = memfd_new(len);
 	if (fd < 0)
 		return NULL;
@@ -279,24 +282,83 @@ static struct shm_map *arena_get(int32_t peer, uint32_t nslots, uint32_t slot_si
 	return m;
 }
 
+/* An arena of ours our descriptor no longer names (the application closed
+ * or replaced it: close loops, dup2): never passed again; its mapping stays
+ * while connections use it. Called locked. */
+static void arena_retire(struct shm_map *m)
+{
+	m->fd = -2;
+	if (!m->refs) {
+		munmap(m->base, m->len);
+		m->base = NULL;
+	}
+}
+
+static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off, uint32_t *was);
+
+/* A free slot of an arena serving peer: of those it has, else of a new
+ * one while it has fewer than SHM_PEER_ARENAS (a busy peer's arenas grow,
+ * so that sustained churn reuses slots instead of making a region per
+ * connection). The arena is checked to be still ours (fstat) only when a
+ * slot of it is taken. Called locked; NULL: a region of its own. */
+static struct shm_hdr *arena_claim(int32_t peer, uint32_t nslots, uint32_t slot_size,
+				   struct shm_map **out, uint64_t *off)
+{
+	if (!arena_slots || peer <= 0)
+		return NULL;
+	int mine = 0;
+	uint32_t was;
+	for (int i = 0; i < SHM_MAPS; i++) {
+		struct shm_map *m = &maps[i];
+		if (!m->base || m->fd < 0 || m->peer != peer || m->nslots != nslots ||
+		    m->slot_size != slot_size)
+			continue;
+		mine++;
+		struct shm_hdr *h = slot_claim(m, off, &was);
+		if (!h)
+			continue;
+		if (arena_ours(m)) {
+			*out = m;
+			return h;
+		}
+		atomic_store(&h->lease, was);     /* not ours to pass any more */
+		mine--;
+		arena_retire(m);
+	}
+	if (mine >= SHM_PEER_ARENAS)
+		return NULL;
+	struct shm_map *m = arena_new(peer, nslots, slot_size, mine);
+	struct shm_hdr *h = m ? slot_claim(m, off, &was) : NULL;
+	if (h)
+		*out = m;
+	return h;
+}
+
 /* May the slot be claimed? Its previous connection must be over on both
  * sides: ours closed (CDONE) and the peer's closed mark set - or the
  * connect failed, so no peer ever attached. */
 static bool slot_done(struct shm_hdr *h)
 {
-	return atomic_load(&h->side[1].closed) ||
-	       atomic_load(&h->state) == SHM_ST_FAILED;
+	uint32_t st = atomic_load(&h->state);
+	return atomic_load(&h->side[1].closed) || st == SHM_ST_FAILED ||
+	       st == SHM_ST_REFUSED;
 }
 
-static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off)
+static struct shm_hdr *slot_claim(struct shm_map *a, uint64_t *off, uint32_t *was)
 {
 	uint32_t n = (uint32_t)(a->len / a->slot_len);
-	for (uint32_t i = 0; i < n; i++) {
+	/* From the slot after the last one claimed: slots come back about
+	 * in the order they were taken, so a big arena is not scanned whole
+	 * (each look at a lease is a cache and TLB miss). */
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t i = (a->next + k) % n;
 		struct shm_hdr *h = (void *)(a->base + (size_t)i * a->slot_len);
 		uint32_t l = atomic_load(&h->lease);
 		if (l == LEASE_BUSY || (l == LEASE_CDONE && !slot_done(h)))
 			continue;
 		if (atomic_compare_exchange_strong(&h->lease, &l, LEASE_BUSY)) {
+			*was = l;
+			a->next = i + 1;
 			*off = (uint64_t)i * a->slot_len;
 			return h;
 		}
@@ -319,8 +381,8 @@ int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer 
 	uint64_t off = 0;
 	memset(o, 0, sizeof *o);
 	lock();
-	struct shm_map *a = arena_get(s->peer_pid, s->nslots, s->slot_size);
-	struct shm_hdr *h = a ? slot_claim(a, &off) : NULL;
+	struct shm_map *a = NULL;
+	struct shm_hdr *h = arena_claim(s->peer_pid, s->nslots, s->slot_size, &a, &off);
 	if (h) {
 		o->reused = h->magic == SHM_MAGIC;
 		a->refs++;
@@ -354,6 +416,33 @@ int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer 
 	o->len = sizeof so;
 	memcpy(o->data, &so, sizeof so);
 	return 0;
+}
+
+/* Our last close comes first: if the server has not attached yet, take
+ * the connection back for TCP (state ABANDONED) - the server, seeing it,
+ * keeps the connection on TCP and marks its side closed - and the engine
+ * re-sends what we posted on the TCP socket (our peer's marks say final
+ * at position 0, shm.c unborn). Only once our TCP connect is done (a
+ * connect still running keeps the old way: the server reads our ring). */
+bool shm_ep_abandon(struct fab_ep *ep)
+{
+	if (ep->side != 0 || !ep->base)
+		return false;
+	uint32_t st = SHM_ST_CONNECTED;
+	if (atomic_compare_exchange_strong(&H(ep)->state, &st, SHM_ST_ABANDONED))
+		return true;
+	return st == SHM_ST_ABANDONED || st == SHM_ST_REFUSED;
+}
+
+/* The server has attached (accepting side: we are the server). */
+bool shm_ep_peer_up(struct fab_ep *ep)
+{
+	if (ep->side != 0 || atomic_load_explicit(&SE(ep)->peer_up, memory_order_relaxed))
+		return true;
+	if (atomic_load_explicit(&H(ep)->state, memory_order_relaxed) != SHM_ST_ATTACHED)
+		return false;
+	atomic_store_explicit(&SE(ep)->peer_up, 1, memory_order_relaxed);
+	return true;
 }
 
 void shm_ep_connected(struct fab_ep *ep, int err)
@@ -468,6 +557,8 @@ static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 	return r;
 }
 
+static void spare_reserve(void);
+
 /* Map the region the client's offer names, as side 1, validating its
  * header; an offer of an earlier attempt of the same connection (another
  * token, or its client failed) is stale. */
@@ -477,6 +568,9 @@ int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab
 	if (o->len != sizeof so)
 		return -EPROTO;
 	memcpy(&so, o->data, sizeof so);
+	lock();
+	spare_reserve();                      /* for declining later (below) */
+	unlock();
 	if ((so.flags & ~(SHM_OFFER_POOLED | SHM_OFFER_LINK | SHM_OFFER_LINK_ID)) ||
 	    (so.flags & SHM_OFFER_LINK && so.flags & SHM_OFFER_LINK_ID) ||
 	    o->nfds != ((so.flags & SHM_OFFER_LINK) ? 3u : 1u))
@@ -485,17 +579,149 @@ int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab
 		       (so.flags & SHM_OFFER_POOLED) != 0);
 	if (r < 0)
 		return r;
-	if (H(ep)->token != s->token ||
-	    atomic_load(&H(ep)->state) == SHM_ST_FAILED) {
+	if (H(ep)->token != s->token) {
 		shm_unmap(ep);
 		ep->base = NULL;
 		return -ESTALE;
 	}
+	/* Attaching is a CAS on the state: the client may be taking the
+	 * connection back for TCP at its close (ABANDONED) at the same time.
+	 * Nothing else of ours is written before we won. */
+	uint32_t st = atomic_load(&H(ep)->state);
+	for (;;) {
+		if (st == SHM_ST_CONNECTING || st == SHM_ST_CONNECTED) {
+			if (atomic_compare_exchange_weak(&H(ep)->state, &st,
+							 SHM_ST_ATTACHED))
+				break;
+			continue;
+		}
+		if (st == SHM_ST_ABANDONED)   /* our last word: the slot is free */
+			atomic_store(&H(ep)->side[1].closed, 1);
+		shm_unmap(ep);
+		ep->base = NULL;
+		return st == SHM_ST_ABANDONED ? -ENOTCONN : -ESTALE;
+	}
 	side_init(ep, s);
 	if (so.flags & (SHM_OFFER_LINK | SHM_OFFER_LINK_ID))
 		shm_link_accept(ep, o, so.link_id);
-	atomic_store(&H(ep)->state, SHM_ST_ATTACHED);
 	return r;
+}
+
+/*
+ * Declining an offer (PROTOCOL.md section 4): the server could not set up
+ * its side (no address space or mapping for the region, no connection
+ * slot) and tells the client, through the region's header, that both ends
+ * use TCP. The header page is mapped over a page of address space kept in
+ * reserve for this (MAP_FIXED over a mapping of ours neither grows the
+ * address space nor adds a mapping), so that a server with RLIMIT_AS or
+ * vm.max_map_count exhausted can still decline instead of resetting.
+ * Called locked.
+ */
+static void *spare;                /* reserved PROT_NONE page, or NULL */
+
+static void spare_reserve(void)
+{
+	if (!spare) {
+		void *p = mmap(NULL, SHM_HDR_SIZE, PROT_NONE,
+			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		spare = p == MAP_FAILED ? NULL : p;
+	}
+}
+
+static void spare_restore(void)
+{
+	void *p = mmap(spare, SHM_HDR_SIZE, PROT_NONE,
+		       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0);
+	if (p == MAP_FAILED) {
+		munmap(spare, SHM_HDR_SIZE);
+		spare = NULL;
+	}
+}
+
+static struct shm_hdr *hdr_map(int memfd, uint64_t off, bool *fixed)
+{
+	spare_reserve();
+	*fixed = spare != NULL;
+	void *p = mmap(spare, SHM_HDR_SIZE, PROT_READ | PROT_WRITE,
+		       MAP_SHARED | (spare ? MAP_FIXED : 0), memfd, (off_t)off);
+	if (p != MAP_FAILED)
+		return p;
+	if (spare)
+		spare_restore();          /* a failed MAP_FIXED may have unmapped it */
+	return NULL;
+}
+
+static void hdr_unmap(struct shm_hdr *h, bool fixed)
+{
+	if (fixed)
+		spare_restore();
+	else
+		munmap(h, SHM_HDR_SIZE);
+}
+
+int shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd)
+{
+	struct shm_offer so;
+	struct stat st;
+	if (o->len != sizeof so || o->nfds < 1)
+		return -EPROTO;
+	memcpy(&so, o->data, sizeof so);
+	uint64_t off = (uint64_t)so.region_pg * 4096;
+	if ((so.flags & ~(SHM_OFFER_POOLED | SHM_OFFER_LINK | SHM_OFFER_LINK_ID)) ||
+	    (!(so.flags & SHM_OFFER_POOLED) && off))
+		return -EPROTO;
+	if (fstat(o->fds[0], &st) < 0)
+		return -errno;
+	if ((size_t)st.st_size < SHM_HDR_SIZE || (uint64_t)st.st_size > SHM_MEMFD_MAX ||
+	    off > (uint64_t)st.st_size - SHM_HDR_SIZE || !seals_ok(o->fds[0]))
+		return -EPROTO;
+	lock();
+	bool fixed;
+	struct shm_hdr *h = hdr_map(o->fds[0], off, &fixed);
+	if (!h) {
+		int e = -errno;
+		unlock();
+		return e ? e : -ENOMEM;
+	}
+	int r = 0;
+	if (h->magic != SHM_MAGIC || h->version != SHM_VERSION) {
+		r = -EPROTO;
+	} else if (h->token != s->token) {
+		r = -ESTALE;
+	} else {
+		uint32_t v = atomic_load(&h->state);
+		for (;;) {
+			if (v == SHM_ST_CONNECTING || v == SHM_ST_CONNECTED) {
+				if (!atomic_compare_exchange_weak(&h->state, &v,
+								  SHM_ST_REFUSED))
+					continue;
+				r = 1;        /* declined: a token follows */
+			} else if (v == SHM_ST_ABANDONED) {
+				atomic_store(&h->side[1].closed, 1);
+			} else {
+				r = -ESTALE;  /* failed, or decided already */
+			}
+			break;
+		}
+	}
+	hdr_unmap(h, fixed);
+	unlock();
+	if (r != 1)
+		return r;
+	/* The one token the client counts for a declined connection: it
+	 * wakes a client asleep on the socket; written after the state, so
+	 * the client that reads it finds the state too. Nothing of ours was
+	 * on the socket before, and the application gets it only now. */
+	static const unsigned char tok = SHM_TOKEN_BYTE;
+	for (;;) {
+		long k = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+				 NULL, 0);
+		if (k == 1)
+			return 0;
+		if (k < 0 && errno == EINTR)
+			continue;
+		return k < 0 ? -errno : -EIO;
+	}
 }
 
 /* This process no longer uses the region; the connection may live on in

@@ -107,6 +107,12 @@ void sdp_release(struct sdp_conn *c, int fd)
 			struct linger lg = { 1, 0 };
 			sys_setsockopt(fd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
 		} else {
+			/* Closed before the server attached: the provider may
+			 * take the connection back for TCP (shm), so that a
+			 * server that later cannot serve it still gets our
+			 * bytes; the hand-back below then sends them. */
+			if (ep->ops->abandon)
+				ep->ops->abandon(ep);
 			send_fin(c, fd, true);
 			/* A provider whose connection was not up yet (ofi)
 			 * answers a FIN by going to TCP: hand what we posted

@@ -26,9 +26,13 @@
  * the decision needs no timeout and no byte on the TCP stream. A hello is
  * accepted only from the listener's uid (SO_PEERCRED); the provider it
  * names consumes the offer (shm: maps and validates the memory). A client
- * whose hello is there but cannot be served - its memory did not arrive,
- * its offer is refused, its version is another - is committed all the
- * same: its connection is reset, never kept as TCP on our side only.
+ * whose offer we cannot take for lack of resources (memory, address
+ * space, mappings, connection slots) is declined through its provider:
+ * both ends carry the connection on TCP, the client handing back what it
+ * had posted. A client whose hello is there but cannot be served otherwise
+ * - its memory did not arrive, its offer is refused, its version is
+ * another - is committed all the same: its connection is reset, never
+ * kept as TCP on our side only.
  *
  * Forked servers (one listening socket, several accepting processes) share
  * the rendezvous: each process takes the queue's hellos under a process-
@@ -797,6 +801,36 @@ static bool unjoined(struct sdp_listener *l)
 	return out;
 }
 
+/* The client's offer cannot be set up here before we attached (out of
+ * resources: reason): have its provider tell the client that both ends
+ * use TCP, as TCP would serve it (PROTOCOL.md section 4). 0: the
+ * connection is plain TCP now; -ESTALE: a stale hello (look further);
+ * another -errno: the client could not be told (reset). */
+static int decline(const struct fab_ops *ops, const struct pending *mine,
+		   const struct fab_setup *su, int newfd, const char *reason)
+{
+	int r;
+	if (ops->decline) {
+		struct fab_offer o = { .len = mine->h.offer_len, .nfds = mine->h.nfds };
+		memcpy(o.fds, mine->fds, sizeof o.fds);
+		memcpy(o.data, mine->h.offer, sizeof o.data);
+		r = ops->decline(su, &o, newfd);
+	} else if ((ops->traits & FAB_T_REMOTE) && mine->h.nfds >= 1) {
+		/* A network hello's descriptor is its rendezvous socket
+		 * (hello_net.c): closed without the answer 'Y', the client
+		 * and we both use TCP (PROTOCOL.md section 14.2). */
+		r = sys_shutdown(mine->fds[0], SHUT_RDWR) < 0 ? -errno : 0;
+	} else {
+		return -EOPNOTSUPP;
+	}
+	if (r == 0) {
+		sdp_log(1, "accept fd %d: SDP could not be set up (%s): TCP, and its "
+			"client follows", newfd, reason);
+		sdp_why("SDP could not be set up here (%s): declined, TCP", reason);
+	}
+	return r;
+}
+
 struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
 				  const char **why)
 {
@@ -869,21 +903,48 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 			*why = whybuf;
 			return NULL;
 		}
+		struct fab_setup su = { .token = mine.h.token, .pid = (int32_t)sdp_pid,
+					.peer_pid = mine.h.pid, .local = &la.sa, .local_len = ll,
+					.remote = &pa.sa, .remote_len = pl, .chan = -1 };
 		struct sdp_conn *c = sdp_conn_alloc();
 		if (!c) {
+			int d = decline(ops, &mine, &su, newfd, "no connection slot left");
 			close_fds(mine.fds, mine.h.nfds);
+			if (d == 0)
+				return NULL;
+			if (d == -ESTALE)
+				continue;
 			*refuse = -ENOSPC;
 			*why = "no connection slot left";
 			return NULL;
 		}
-		struct fab_setup su = { .token = mine.h.token, .pid = (int32_t)sdp_pid,
-					.peer_pid = mine.h.pid, .local = &la.sa, .local_len = ll,
-					.remote = &pa.sa, .remote_len = pl, .chan = -1 };
 		struct fab_offer o = { .len = mine.h.offer_len, .nfds = mine.h.nfds };
 		memcpy(o.fds, mine.fds, sizeof o.fds);
 		memcpy(o.data, mine.h.offer, sizeof o.data);
 		int r = ops->accept(&c->ep, &su, &o);
+		if (r < 0 && r != -ESTALE && r != -EPROTO && r != -ENOTCONN) {
+			/* Out of resources before we attached: TCP serves it. */
+			snprintf(whybuf, sizeof whybuf, "its offer could not be taken: %s",
+				 strerror(-r));
+			int d = decline(ops, &mine, &su, newfd, whybuf);
+			if (d == 0 || d == -ESTALE) {
+				close_fds(mine.fds, mine.h.nfds);
+				sdp_conn_free(c);
+				if (d == 0)
+					return NULL;
+				continue;
+			}
+		}
 		close_fds(mine.fds, mine.h.nfds);
+		if (r == -ENOTCONN) {
+			/* Its client closed before we looked and took the
+			 * connection back for TCP: its bytes are on the socket. */
+			sdp_log(2, "accept fd %d: its client closed first and went to TCP",
+				newfd);
+			sdp_why("the client closed before accept() and handed back to TCP");
+			sdp_conn_free(c);
+			return NULL;
+		}
 		if (r == -ESTALE) {
 			sdp_log(1, "hello for fd %d is stale: looking for a newer one", newfd);
 			sdp_conn_free(c);

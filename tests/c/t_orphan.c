@@ -111,8 +111,9 @@ static void run(enum how how, enum peer p)
 		printf("no SO_RCVBUFFORCE (not root?): big case not run\n");
 		return;
 	}
-	int sync[2], u[2];
+	int sync[2], go[2], u[2];
 	SYS(pipe(sync));
+	SYS(pipe(go));
 	SYS(socketpair(AF_UNIX, SOCK_STREAM, 0, u));
 	pid_t rd = -1;
 	if (how == BY_SCM) {
@@ -144,8 +145,14 @@ static void run(enum how how, enum peer p)
 			SYS(setsockopt(fd, SOL_TCP, SDP_ZCOPY_THRESH, &zero, sizeof zero));
 		}
 		tl_send_pat(fd, 0, total, SEED, 16384);
-		if (p == P_CLOSE)
+		if (p == P_CLOSE) {
+			/* Not before the server attached: a client that closes
+			 * first takes the connection back for TCP (PROTOCOL.md
+			 * section 4), and there is nothing left to orphan. */
+			char g;
+			CHECK_EQ(read(go[0], &g, 1), 1);
 			SYS(close(fd));
+		}
 		if (p == P_SHUT)
 			SYS(shutdown(fd, SHUT_WR));
 		CHECK_EQ(write(sync[1], "x", 1), 1);
@@ -164,6 +171,7 @@ static void run(enum how how, enum peer p)
 	int s = SYS(accept(l, NULL, NULL));
 	SYS(close(l));
 	expect_transport(s);
+	CHECK_EQ(write(go[1], "g", 1), 1);
 	if (p == P_KILL_RESET)
 		tl_send_all(s, "unread", 6);  /* the client never reads these */
 	char b;

@@ -19,6 +19,9 @@
  *               work and still use a (new) arena.
  *   peer-killed the server is killed with connections' slots awaiting it;
  *               a new server process gets a new arena and everything works.
+ *   grow        30 connections open at once (more than an arena's 8 slots),
+ *               12 rounds: the client's arenas for the server grow, so every
+ *               connection has an arena slot and later rounds reuse them.
  * Under kernel TCP the same programs run and only the bytes are checked.
  */
 #include "testlib.h"
@@ -332,7 +335,92 @@ static void c_peer_killed(void)
 	}
 }
 
+/* Churn with many connections open at once: GROW_K at a time (more than
+ * an arena's slots), GROW_ROUNDS times. The client's arenas for this
+ * server grow, so every connection gets an arena slot (none a region of
+ * its own) and later rounds reuse them; the bytes stay exact. */
+#define GROW_K 30
+#define GROW_ROUNDS 12
+
+static void grow_server(int l, int out)
+{
+	tl_watchdog(60);
+	static char buf[4096];
+	uint32_t pooled = 0;
+	for (int r = 0; r < GROW_ROUNDS; r++) {
+		int fds[GROW_K];
+		for (int i = 0; i < GROW_K; i++) {
+			int s = SYS(accept(l, NULL, NULL));
+			fds[i] = s;
+			uint32_t seed;
+			tl_recv_all(s, &seed, sizeof seed);
+			tl_recv_pat(s, 0, sizeof buf, seed, sizeof buf);
+			tl_send_pat(s, 0, sizeof buf, seed + 1, sizeof buf);
+			if (sdp) {
+				struct sdp_sock_stats st;
+				tl_stats(s, &st);
+				pooled += st.region_pooled;
+			}
+		}
+		for (int i = 0; i < GROW_K; i++) {
+			char x;
+			CHECK_EQ(recv(fds[i], &x, 1, 0), 0);
+			SYS(close(fds[i]));
+		}
+	}
+	CHECK_EQ(write(out, &pooled, sizeof pooled), (ssize_t)sizeof pooled);
+	_exit(0);
+}
+
+static void c_grow(void)
+{
+	int p[2], l;
+	uint16_t port;
+	SYS(pipe(p));
+	pid_t pid = tl_fork_listener(&port, &l);
+	if (pid == 0) {
+		SYS(close(p[0]));
+		grow_server(l, p[1]);
+	}
+	SYS(close(p[1]));
+	struct cstat cs = { 0 };
+	uint32_t n = 0;
+	for (int r = 0; r < GROW_ROUNDS; r++) {
+		int c[GROW_K];
+		for (int i = 0; i < GROW_K; i++) {
+			c[i] = tl_connect(AF_INET, port);
+			expect_transport(c[i]);
+			if (sdp) {
+				struct sdp_sock_stats st;
+				tl_stats(c[i], &st);
+				cs.pooled += st.region_pooled;
+				cs.reused += st.region_reused;
+			}
+			uint32_t seed = (uint32_t)(r * GROW_K + i) * 7;
+			tl_send_all(c[i], &seed, sizeof seed);
+			tl_send_pat(c[i], 0, 4096, seed, 4096);
+			n++;
+		}
+		for (int i = 0; i < GROW_K; i++) {
+			tl_recv_pat(c[i], 0, 4096, (uint32_t)(r * GROW_K + i) * 7 + 1, 4096);
+			SYS(close(c[i]));
+		}
+	}
+	uint32_t spooled = 0;
+	CHECK_EQ(read(p[0], &spooled, sizeof spooled), (ssize_t)sizeof spooled);
+	tl_wait_ok(pid);
+	if (sdp) {
+		CHECK(cs.pooled == n, "%u of %u connections had an arena slot", cs.pooled, n);
+		CHECK_EQ(spooled, n);
+		/* At most 2 x GROW_K slots are taken or await the server's
+		 * close at once, so the arenas stop growing at 8 + 16 + 32 +
+		 * 64 slots: at most that many connections had a fresh one. */
+		CHECK(cs.reused >= n - 120, "only %u of %u reused", cs.reused, n);
+	}
+}
+
 static const struct tl_case cases[] = {
+	{ "grow",        c_grow },
 	{ "sequential",  c_sequential },
 	{ "two-peers",   c_two_peers },
 	{ "fork",        c_fork },
