@@ -39,7 +39,8 @@ struct sdp_sock_stats {
 	uint64_t rx_bcopy_bytes;
 	uint64_t rx_rzcopy_bytes;
 	uint64_t rx_wzcopy_bytes;
-	uint64_t doorbells_tx;    /* wake-ups sent to a sleeping peer */
+	uint64_t doorbells_tx;    /* wake-up tokens sent to a sleeping peer
+				   * (and those a peer may be owed) */
 	uint64_t doorbells_rx;
 	uint32_t credits;         /* send credits (peer receive buffers) now */
 	uint32_t transport;       /* 1 = SDP, 0 = TCP */

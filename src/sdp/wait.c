@@ -568,8 +568,9 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
  */
 void sdp_kick_owed(struct sdp_conn *c, int fd)
 {
-	if (!sdp_marked(c, FAB_M_FIN | FAB_M_CLOSED))
-		c->ep.ops->kick_owed(&c->ep, fd);
+	if (!sdp_marked(c, FAB_M_FIN | FAB_M_CLOSED) &&
+	    c->ep.ops->kick_owed(&c->ep, fd) == 1)
+		c->st.doorbells_tx++;         /* a token like any other */
 }
 
 /*
