@@ -39,8 +39,7 @@ struct sdp_sock_stats {
 	uint64_t rx_bcopy_bytes;
 	uint64_t rx_rzcopy_bytes;
 	uint64_t rx_wzcopy_bytes;
-	uint64_t doorbells_tx;    /* wake-up tokens sent to a sleeping peer
-				   * (and those a peer may be owed) */
+	uint64_t doorbells_tx;    /* wake-ups sent to a sleeping peer */
 	uint64_t doorbells_rx;
 	uint32_t credits;         /* send credits (peer receive buffers) now */
 	uint32_t transport;       /* 1 = SDP, 0 = TCP */
@@ -68,6 +67,10 @@ struct sdp_sock_stats {
 	uint64_t az_cow_copies;   /* advertisements copied aside to let a
 				   * writer (or free, munmap...) go on */
 	uint64_t az_outstanding;  /* advertisements not read yet, now */
+	/* tokens sent before sleeping although the peer had not asked for a
+	 * wake-up (it may have been kept from asking: kick_owed, PROTOCOL.md
+	 * section 9); not in doorbells_tx */
+	uint64_t tokens_owed;
 };
 
 #endif /* SDP_H */
