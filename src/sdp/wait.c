@@ -570,7 +570,7 @@ void sdp_kick_owed(struct sdp_conn *c, int fd)
 {
 	if (!sdp_marked(c, FAB_M_FIN | FAB_M_CLOSED) &&
 	    c->ep.ops->kick_owed(&c->ep, fd) == 1)
-		c->st.tokens_owed++;
+		__atomic_fetch_add(&c->st.tokens_owed, 1, __ATOMIC_RELAXED); /* unlocked */
 }
 
 /*
