@@ -122,7 +122,7 @@ struct ep_shadow {
 	uint32_t kcap;
 	bool kmap_inexact;            /* a queue member's key could not be mapped */
 	int *fmap;                    /* fd -> 1 + member index: exact for every
-				       * member while fmap_exact (else a hint) */
+				       * member unless fmap_inexact */
 	uint32_t fcap;
 	bool fmap_inexact;            /* a member's fd could not be mapped */
 	bool reap;                    /* some member left SDP: remove it */
@@ -132,6 +132,10 @@ struct ep_shadow {
 	uint32_t epoch;               /* local_changes at the last scan */
 	pid_t qpid;                   /* the process they belong to (a forked
 				       * child's copy of the set uses tokens) */
+	pid_t owner;                  /* the process that made the shadow: only
+				       * it parks members (a forked child
+				       * sharing the kernel set must not remove
+				       * the registrations its parent keeps) */
 	uint64_t owed_ns;             /* when queue members last got kick_owed */
 	struct ep_shadow *next;
 };
@@ -355,6 +359,7 @@ static struct ep_shadow *shadow_of(int epfd, bool create)
 		return NULL;
 	pthread_mutex_init(&s->lock, NULL);
 	s->epfd = epfd;
+	s->owner = sdp_pid;
 	atomic_store(&s->spin_cur, sdp_tun.spin_us);
 	pthread_mutex_lock(&all_lock);
 	s->next = all;
@@ -662,7 +667,7 @@ static void arm(struct ep_shadow *s, struct ep_ent *e, bool owed)
 static bool parkable(struct ep_shadow *s, int i, struct sdp_conn *c)
 {
 	struct ep_ent *e = &s->v[i];
-	return e->c == c && !e->pending && !e->connecting &&
+	return s->owner == sdp_pid && e->c == c && !e->pending && !e->connecting &&
 	       atomic_load(&c->state) != SDP_ST_CONNECTING && !sdp_fallback_pending(c);
 }
 
@@ -674,14 +679,18 @@ static void park(struct ep_shadow *s, int i)
 	e->seen = 0;
 }
 
-/* Out of the kernel set for real, and out of the shadow. */
+/* Out of the kernel set for real, and out of the shadow. A forked child's
+ * copy of the set leaves the kernel set alone: the parent that parked the
+ * member may add it back without a system call. */
 static void unpark(struct ep_shadow *s, int i)
 {
 	struct ep_ent *e = &s->v[i];
 	count_parked(e, false);
-	real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, NULL);
-	if (e->c)
-		wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, e->c);
+	if (s->owner == sdp_pid) {
+		real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, NULL);
+		if (e->c)
+			wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, e->c);
+	}
 	remove_at(s, i);
 }
 
@@ -819,11 +828,16 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 		 * registration (one system call less than on TCP); so does
 		 * the ADD of a member the application deleted (parked). */
 		bool parked = op == EPOLL_CTL_ADD && i >= 0 && s->v[i].parked;
-		bool same = (op == EPOLL_CTL_MOD || parked) && i >= 0 && !s->v[i].pending &&
+		bool same = (op == EPOLL_CTL_MOD || (parked && s->owner == sdp_pid)) &&
+			    i >= 0 && !s->v[i].pending &&
 			    s->v[i].c == c && s->v[i].connecting == connecting;
 		if (parked)
 			count_parked(&s->v[i], false);
 		r = same ? 0 : real_epoll_ctl(epfd, op, fd, &kev);
+		if (r < 0 && errno == EEXIST && parked)
+			/* A forked child adds what its parent parked: the
+			 * registration is ours already. */
+			r = real_epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &kev);
 		if (r == 0 && op == EPOLL_CTL_ADD && !same)
 			wait_fd_ctl(epfd, EPOLL_CTL_ADD, fd, c);
 		if (r == 0) {
