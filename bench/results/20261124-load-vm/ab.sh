@@ -2,7 +2,7 @@
 # usage: ab.sh LABEL LIB(tcp|build dir) clients n -> one line: label clients set_rps get_rps get_p99 cpu_us_per_req(srv cli total)
 L=$1; B=$2; C=$3; N=$4
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-O=$(mktemp -d /tmp/ld/ab.XXXX)
+O=$(mktemp -d)
 if [ "$B" = tcp ]; then PRE=""; else PRE="$B/bin/sdp run --"; fi
 $PRE redis-server --port $PORT --bind 127.0.0.1 --save "" --appendonly no --protected-mode no --dir $O >$O/srv.log 2>&1 &
 SP=$!

@@ -2,7 +2,7 @@
 # usage: meas.sh LIB(tcp|build dir) clients n [test] -> one line: rps p99 cpu/req and per-request event counts
 B=$1; C=$2; N=$3; T=${4:-get}
 PORT=$(python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-O=$(mktemp -d /tmp/ld/m.XXXX)
+O=$(mktemp -d)
 if [ "$B" = tcp ]; then PRE=""; else PRE="$B/bin/sdp run --"; fi
 EV=raw_syscalls:sys_enter,syscalls:sys_enter_read,syscalls:sys_enter_write,syscalls:sys_enter_sendto,syscalls:sys_enter_recvfrom,syscalls:sys_enter_epoll_pwait2,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_ctl,syscalls:sys_enter_sched_yield,syscalls:sys_enter_getpid,syscalls:sys_enter_kill,context-switches,task-clock
 $PRE redis-server --port $PORT --bind 127.0.0.1 --save "" --appendonly no --protected-mode no --dir $O >$O/srv.log 2>&1 &
