@@ -76,6 +76,10 @@ struct sdp_sock_stats {
 	uint32_t ring_window_max;
 	uint64_t trims;
 	uint64_t trimmed_bytes;
+	/* tokens sent before sleeping although the peer had not asked for a
+	 * wake-up (it may have been kept from asking: kick_owed, PROTOCOL.md
+	 * section 9); not in doorbells_tx */
+	uint64_t tokens_owed;
 };
 
 #endif /* SDP_H */

@@ -487,8 +487,10 @@ struct fab_ops {
 	 * for it and return the queue's id (>= 0, per process; the low byte
 	 * is a small index, and an id names one queue only: the id of a
 	 * queue since gone never reaches its successor); else
-	 * -1: wake-ups come as tokens only. The same key and queue for every
-	 * call on one endpoint in one process. Any thread, under no lock. */
+	 * -1: wake-ups come as tokens only (also in a process that is not the
+	 * queue's owner: a forked child, or a vfork child sharing the
+	 * owner's memory). The same key and queue for every call on one
+	 * endpoint in one process. Any thread, under no lock. */
 	int      (*q_bind)(struct fab_ep *ep, uint32_t key);
 	/* The descriptor that becomes readable when the queue has news (level-
 	 * triggered: until q_pop took it), or -1 if the queue is gone (then

@@ -435,10 +435,13 @@ int shm_link_kick(struct fab_ep *ep, unsigned q)
 int shm_q_bind(struct fab_ep *ep, uint32_t key)
 {
 	struct shm_link *k = link_of(SE(ep)->link);
-	if (!k || k->owner != self() || key >= SHM_LINK_KEYS)
+	if (!k || key >= SHM_LINK_KEYS)
+		return -1;
+	int32_t pid = self();       /* a forked or vfork child is not the owner */
+	if (k->owner != pid)
 		return -1;
 	atomic_store(&me(ep)->link_key, key);
-	atomic_store(&SE(ep)->q_bound, self());
+	atomic_store(&SE(ep)->q_bound, pid);
 	return q_id(SE(ep)->link);
 }
 

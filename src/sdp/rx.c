@@ -438,8 +438,8 @@ void sdp_arm_q(struct sdp_conn *c, int fd, unsigned events, bool owed)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, FAB_WAIT_Q(what));
-	if (owed)
-		c->ep.ops->kick_owed(&c->ep, fd);
+	if (owed && c->ep.ops->kick_owed(&c->ep, fd) == 1)
+		__atomic_fetch_add(&c->st.tokens_owed, 1, __ATOMIC_RELAXED); /* unlocked */
 }
 
 void sdp_arm(struct sdp_conn *c, int fd, unsigned events)

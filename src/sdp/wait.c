@@ -574,8 +574,9 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
  */
 void sdp_kick_owed(struct sdp_conn *c, int fd)
 {
-	if (!sdp_marked(c, FAB_M_FIN | FAB_M_CLOSED))
-		c->ep.ops->kick_owed(&c->ep, fd);
+	if (!sdp_marked(c, FAB_M_FIN | FAB_M_CLOSED) &&
+	    c->ep.ops->kick_owed(&c->ep, fd) == 1)
+		__atomic_fetch_add(&c->st.tokens_owed, 1, __ATOMIC_RELAXED); /* unlocked */
 }
 
 /*

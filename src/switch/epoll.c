@@ -80,6 +80,11 @@ struct ep_ent {
 				       * 0: its wake-ups are tokens */
 	bool looked;                  /* looked at since its last arm (a queue
 				       * arm stays until a kick takes it) */
+	bool parked;                  /* deleted by the application, still in
+				       * the kernel set with our registration:
+				       * not reported, armed nor watched, and its
+				       * next EPOLL_CTL_ADD makes no system call
+				       * (park(), unpark()) */
 	uint32_t gen;                 /* the partial scan that listed it */
 };
 
@@ -115,8 +120,11 @@ struct ep_shadow {
 	int *kmap;                    /* queue key -> 1 + member index (a hint,
 				       * checked), kcap entries */
 	uint32_t kcap;
-	int *fmap;                    /* fd -> 1 + member index (a hint) */
+	bool kmap_inexact;            /* a queue member's key could not be mapped */
+	int *fmap;                    /* fd -> 1 + member index: exact for every
+				       * member unless fmap_inexact */
 	uint32_t fcap;
+	bool fmap_inexact;            /* a member's fd could not be mapped */
 	bool reap;                    /* some member left SDP: remove it */
 	bool token_shared;            /* a queue member's token had another
 				       * watcher: sleep in slices */
@@ -124,12 +132,17 @@ struct ep_shadow {
 	uint32_t epoch;               /* local_changes at the last scan */
 	pid_t qpid;                   /* the process they belong to (a forked
 				       * child's copy of the set uses tokens) */
+	pid_t owner;                  /* the process that made the shadow: only
+				       * it parks members (a forked child
+				       * sharing the kernel set must not remove
+				       * the registrations its parent keeps) */
 	uint64_t owed_ns;             /* when queue members last got kick_owed */
 	struct ep_shadow *next;
 };
 
 static int find_key(struct ep_shadow *s, uint32_t key);
 static void note_check(struct ep_shadow *s, int i);
+static void unpark(struct ep_shadow *s, int i);
 
 static _Atomic uint32_t local_changes;
 
@@ -154,6 +167,18 @@ static void count_pending(struct ep_shadow *s, struct ep_ent *e, bool pending)
 	atomic_fetch_add(&pending_total, pending ? 1 : -1);
 }
 
+/* Parked entries in all sets (park() below): while 0, closing a socket
+ * that left SDP skips the walk over the sets. */
+static _Atomic int parked_total;
+
+static void count_parked(struct ep_ent *e, bool parked)
+{
+	if (e->parked == parked)
+		return;
+	e->parked = parked;
+	atomic_fetch_add(&parked_total, parked ? 1 : -1);
+}
+
 /*
  * A queue is read by one set of the process (its claim): a waiter that
  * took another set's news from it would leave that set asleep. Members
@@ -165,8 +190,11 @@ static struct ep_shadow *_Atomic q_claim[256];
  * (tokens). Called locked. */
 static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 {
-	if (sdp_in_vfork_child() || (s->qpid && s->qpid != sdp_pid))
+	if (s->qpid && s->qpid != sdp_pid)
 		return 0;
+	/* A vfork child (it shares our memory, sdp_pid included) is not the
+	 * link's owner: the provider's bind refuses it (one getpid, not two:
+	 * an event loop adds its sockets once per request). */
 	int q = sdp_q_bind(c);
 	if (q < 0) {
 		sdp_log(3, "epoll fd %d: a member without a readiness queue (tokens)", s->epfd);
@@ -331,6 +359,7 @@ static struct ep_shadow *shadow_of(int epfd, bool create)
 		return NULL;
 	pthread_mutex_init(&s->lock, NULL);
 	s->epfd = epfd;
+	s->owner = sdp_pid;
 	atomic_store(&s->spin_cur, sdp_tun.spin_us);
 	pthread_mutex_lock(&all_lock);
 	s->next = all;
@@ -354,6 +383,8 @@ void epoll_shadow_free(struct ep_shadow *s)
 		}
 	pthread_mutex_unlock(&all_lock);
 	atomic_fetch_sub(&pending_total, s->npending);
+	for (int i = 0; i < s->n; i++)
+		count_parked(&s->v[i], false);
 	for (int i = 0; i < EP_QMAX; i++)
 		queue_drop(s, i);
 	free(s->check);
@@ -385,7 +416,9 @@ static void hint(int **map, uint32_t *cap, uint32_t k, int i, uint32_t limit)
 	(*map)[k] = i + 1;
 }
 
-/* The member for fd, or -1: the hint first (checked), else a walk. */
+/* The member for fd, or -1: the map first (checked); only if some
+ * member's fd could not be mapped, a walk (an event loop that adds a
+ * socket per request must not walk every member for it). */
 static int find(struct ep_shadow *s, int fd)
 {
 	if (fd >= 0 && (uint32_t)fd < s->fcap) {
@@ -393,6 +426,8 @@ static int find(struct ep_shadow *s, int fd)
 		if (i >= 0 && i < s->n && s->v[i].fd == fd)
 			return i;
 	}
+	if (!s->fmap_inexact)
+		return -1;
 	for (int i = 0; i < s->n; i++)
 		if (s->v[i].fd == fd) {
 			if (fd >= 0)
@@ -408,7 +443,8 @@ static bool on_queue(const struct ep_shadow *s, const struct ep_ent *e)
 }
 
 /* The queue member whose key (sdp_q_bind: the connection's pool index) is
- * key, or -1. */
+ * key, or -1: the map (exact for every queue member unless one could not
+ * be mapped), else a walk. */
 static int find_key(struct ep_shadow *s, uint32_t key)
 {
 	if (key < s->kcap) {
@@ -416,12 +452,25 @@ static int find_key(struct ep_shadow *s, uint32_t key)
 		if (i >= 0 && i < s->n && on_queue(s, &s->v[i]) && s->v[i].c->idx == key)
 			return i;
 	}
+	if (!s->kmap_inexact)
+		return -1;
 	for (int i = 0; i < s->n; i++)
 		if (on_queue(s, &s->v[i]) && s->v[i].c->idx == key) {
 			hint(&s->kmap, &s->kcap, key, i, 1u << 20);
 			return i;
 		}
 	return -1;
+}
+
+/* Member i joined a queue (q1 set): map its key. */
+static void key_map(struct ep_shadow *s, int i)
+{
+	struct ep_ent *e = &s->v[i];
+	if (!on_queue(s, e))
+		return;
+	hint(&s->kmap, &s->kcap, e->c->idx, i, 1u << 20);
+	if (e->c->idx >= s->kcap)
+		s->kmap_inexact = true;
 }
 
 /* Member i has news: the next scan looks at it. Called locked. */
@@ -433,20 +482,31 @@ static void note_check(struct ep_shadow *s, int i)
 		s->full = true;
 }
 
-/* Member indexes in the lists are void once the array changes. */
-static void lists_void(struct ep_shadow *s)
-{
-	s->ncheck = 0;
-	s->nhot = 0;
-	s->full = true;
-}
-
+/*
+ * Member i leaves the set; the last member takes its place. The lists
+ * (check, hot) name members by index: an entry naming the old last index
+ * is past the end now and skipped, so the moved member is noted at its new
+ * one, and entries that named i name the moved member (one look more).
+ * Its hints follow it. No look at every member: an application that
+ * deletes and adds a socket per request (redis-benchmark's event loop)
+ * would otherwise make every wait look at all of them.
+ */
 static void remove_at(struct ep_shadow *s, int i)
 {
 	count_pending(s, &s->v[i], false);
+	count_parked(&s->v[i], false);
 	ent_unqueue(s, &s->v[i]);
-	s->v[i] = s->v[--s->n];
-	lists_void(s);
+	int last = --s->n;
+	if (i == last)
+		return;
+	s->v[i] = s->v[last];
+	struct ep_ent *e = &s->v[i];
+	if (e->fd >= 0 && (uint32_t)e->fd < s->fcap)
+		s->fmap[e->fd] = i + 1;
+	if (on_queue(s, e) && e->c->idx < s->kcap)
+		s->kmap[e->c->idx] = i + 1;
+	if (e->c)
+		note_check(s, i);
 }
 
 void epoll_forget_fd(int fd)
@@ -455,7 +515,10 @@ void epoll_forget_fd(int fd)
 	for (struct ep_shadow *s = all; s; s = s->next) {
 		pthread_mutex_lock(&s->lock);
 		int i = find(s, fd);
-		if (i >= 0)
+		if (i >= 0 && s->v[i].parked)
+			unpark(s, i);         /* the application deleted it: a
+					       * duplicate must not keep it */
+		else if (i >= 0)
 			remove_at(s, i);
 		pthread_mutex_unlock(&s->lock);
 	}
@@ -506,7 +569,7 @@ static void wait_fd_ctl(int epfd, int op, int fd, struct sdp_conn *c)
 }
 
 /* Shadow entry i (or a new one) for fd; called locked. NULL: no memory. */
-static struct ep_ent *ent_for(struct ep_shadow *s, int i)
+static struct ep_ent *ent_for(struct ep_shadow *s, int i, int fd)
 {
 	if (i >= 0)
 		return &s->v[i];
@@ -530,9 +593,13 @@ static struct ep_ent *ent_for(struct ep_shadow *s, int i)
 		s->hot = nhot;
 		s->cap = nc;
 	}
+	/* Appended: the indexes in the lists stay valid. */
+	s->v[s->n].fd = fd;
 	s->v[s->n].pending = false;
 	s->v[s->n].q1 = 0;
-	lists_void(s);
+	hint(&s->fmap, &s->fcap, (uint32_t)fd, s->n, 1u << 22);
+	if ((uint32_t)fd >= s->fcap)
+		s->fmap_inexact = true;   /* find() walks from now on */
 	return &s->v[s->n++];
 }
 
@@ -541,13 +608,23 @@ static struct ep_ent *ent_for(struct ep_shadow *s, int i)
 static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 		     struct epoll_event *ev, bool undecided)
 {
+	if (s && atomic_load_explicit(&parked_total, memory_order_relaxed)) {
+		/* The number names a member the application deleted while
+		 * it was SDP (it left SDP since): our registration goes
+		 * first, and the kernel answers as it would. */
+		pthread_mutex_lock(&s->lock);
+		int i = find(s, fd);
+		if (i >= 0 && s->v[i].parked)
+			unpark(s, i);
+		pthread_mutex_unlock(&s->lock);
+	}
 	int r = real_epoll_ctl(epfd, op, fd, ev);
 	if (!s || r < 0)
 		return r;
 	pthread_mutex_lock(&s->lock);
 	int i = find(s, fd);
 	if (undecided) {
-		struct ep_ent *e = ent_for(s, i);
+		struct ep_ent *e = ent_for(s, i, fd);
 		if (e) {
 			bool was = e->pending;
 			if (i >= 0)
@@ -574,6 +651,49 @@ static void arm(struct ep_shadow *s, struct ep_ent *e, bool owed)
 		sdp_arm(e->c, e->fd, e->events);
 }
 
+/*
+ * EPOLL_CTL_DEL of an SDP member parks it: its kernel registration (ours:
+ * EPOLLIN for tokens and FIN) stays, the shadow entry stays on its queue,
+ * and nothing of it is reported, armed or watched. An event loop that
+ * deletes and adds a socket around every request (redis-benchmark: its
+ * write event off, its read event on, and back, four epoll_ctl per request
+ * on TCP) then makes no system call for it. The registration is really
+ * removed when anything arrives on the socket (a token, the peer's FIN: a
+ * parked member must not make the set's sleep end, filter()), when the
+ * socket is closed (a duplicate of the descriptor would keep it in the
+ * kernel set), falls back to TCP, or its number is added as another socket,
+ * and when the process leaves SDP. Called locked.
+ */
+static bool parkable(struct ep_shadow *s, int i, struct sdp_conn *c)
+{
+	struct ep_ent *e = &s->v[i];
+	return s->owner == sdp_pid && e->c == c && !e->pending && !e->connecting &&
+	       atomic_load(&c->state) != SDP_ST_CONNECTING && !sdp_fallback_pending(c);
+}
+
+static void park(struct ep_shadow *s, int i)
+{
+	struct ep_ent *e = &s->v[i];
+	count_parked(e, true);
+	e->watching = false;
+	e->seen = 0;
+}
+
+/* Out of the kernel set for real, and out of the shadow. A forked child's
+ * copy of the set leaves the kernel set alone: the parent that parked the
+ * member may add it back without a system call. */
+static void unpark(struct ep_shadow *s, int i)
+{
+	struct ep_ent *e = &s->v[i];
+	count_parked(e, false);
+	if (s->owner == sdp_pid) {
+		real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, NULL);
+		if (e->c)
+			wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, e->c);
+	}
+	remove_at(s, i);
+}
+
 void epoll_adopt(int fd, struct sdp_conn *c)
 {
 	if (!atomic_load(&pending_total))
@@ -598,7 +718,8 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->last_acked = acked(c) - 1;
 				e->rep = fab_clock();
 				e->q1 = queue_for(s, c);
-				arm(s, e, true);
+				key_map(s, i);
+				arm(s, e, false);     /* as in epoll_ctl */
 				note_check(s, i);
 			} else {
 				remove_at(s, i);
@@ -618,8 +739,12 @@ void epoll_leave_all(void)
 	pthread_mutex_lock(&all_lock);
 	for (struct ep_shadow *s = all; s; s = s->next) {
 		pthread_mutex_lock(&s->lock);
-		for (int i = 0; i < s->n; i++) {
+		for (int i = s->n - 1; i >= 0; i--) {
 			struct ep_ent *e = &s->v[i];
+			if (e->parked) {
+				unpark(s, i); /* the application deleted it */
+				continue;
+			}
 			if (!e->c)
 				continue;     /* pending: the kernel has its own */
 			wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, e->c);
@@ -637,6 +762,14 @@ void epoll_leave_all(void)
 		pthread_mutex_unlock(&s->lock);
 	}
 	pthread_mutex_unlock(&all_lock);
+}
+
+/* fd, a socket that left SDP, is being closed: a parked entry of it goes
+ * (with our registration, which a duplicate would keep). */
+void epoll_drop_parked(int fd)
+{
+	if (atomic_load(&parked_total))
+		epoll_forget_fd(fd);
 }
 
 void epoll_drop_pending(int fd)
@@ -669,22 +802,46 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	pthread_mutex_lock(&s->lock);
 	int i = find(s, fd);
 	int r;
+	if (i >= 0 && s->v[i].parked && (op != EPOLL_CTL_ADD || s->v[i].c != c ||
+					 s->v[i].connecting != connecting)) {
+		if (op != EPOLL_CTL_ADD) {
+			pthread_mutex_unlock(&s->lock);
+			errno = ENOENT;           /* the application deleted it */
+			return -1;
+		}
+		unpark(s, i);                     /* not the same socket: afresh */
+		i = -1;
+	}
 	if (op == EPOLL_CTL_DEL) {
-		r = real_epoll_ctl(epfd, op, fd, ev);
-		if (r == 0)
-			wait_fd_ctl(epfd, EPOLL_CTL_DEL, fd, c);
-		if (i >= 0)
-			remove_at(s, i);
+		if (i >= 0 && parkable(s, i, c)) {
+			park(s, i);
+			r = 0;
+		} else {
+			r = real_epoll_ctl(epfd, op, fd, ev);
+			if (r == 0)
+				wait_fd_ctl(epfd, EPOLL_CTL_DEL, fd, c);
+			if (i >= 0)
+				remove_at(s, i);
+		}
 	} else {
 		/* A MOD changes only the shadow: the kernel keeps our own
-		 * registration (one system call less than on TCP). */
-		bool same = op == EPOLL_CTL_MOD && i >= 0 && !s->v[i].pending &&
+		 * registration (one system call less than on TCP); so does
+		 * the ADD of a member the application deleted (parked). */
+		bool parked = op == EPOLL_CTL_ADD && i >= 0 && s->v[i].parked;
+		bool same = (op == EPOLL_CTL_MOD || (parked && s->owner == sdp_pid)) &&
+			    i >= 0 && !s->v[i].pending &&
 			    s->v[i].c == c && s->v[i].connecting == connecting;
+		if (parked)
+			count_parked(&s->v[i], false);
 		r = same ? 0 : real_epoll_ctl(epfd, op, fd, &kev);
-		if (r == 0 && op == EPOLL_CTL_ADD)
+		if (r < 0 && errno == EEXIST && parked)
+			/* A forked child adds what its parent parked: the
+			 * registration is ours already. */
+			r = real_epoll_ctl(epfd, EPOLL_CTL_MOD, fd, &kev);
+		if (r == 0 && op == EPOLL_CTL_ADD && !same)
 			wait_fd_ctl(epfd, EPOLL_CTL_ADD, fd, c);
 		if (r == 0) {
-			struct ep_ent *e = ent_for(s, i);
+			struct ep_ent *e = ent_for(s, i, fd);
 			if (!e) {
 				pthread_mutex_unlock(&s->lock);
 				real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
@@ -707,7 +864,14 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			e->last_acked = acked(c) - 1;
 			e->rep = fab_clock();     /* TCP: ready now, queued now */
 			e->q1 = q1 ? q1 : queue_for(s, c);
-			arm(s, e, true);
+			key_map(s, (int)(e - s->v));
+			/* No owed token here: an event loop that adds its
+			 * socket after each request (redis-benchmark) would
+			 * send one per request to a busy peer, and make it
+			 * drain it. A queue member's owed tokens go out from
+			 * arm_all every SDP_CHECK_MS (a token member's before
+			 * every sleep, in sdp_arm). */
+			arm(s, e, false);
 			note_check(s, (int)(e - s->v));   /* ready already? */
 		}
 	}
@@ -802,7 +966,7 @@ static void ent_report(struct ep_ent *e, const struct ep_cand *k, uint64_t now)
 static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 {
 	struct ep_ent *e = &s->v[i];
-	if (!e->c || e->disabled)
+	if (!e->c || e->disabled || e->parked)
 		return 0;
 	e->looked = true;
 	struct ep_cand *k = &s->cand[*nc];
@@ -993,7 +1157,7 @@ static bool arm_all(struct ep_shadow *s)
 	for (int i = 0; i < s->n; i++) {
 		struct ep_ent *e = &s->v[i];
 		e->watching = false;
-		if (!e->c)
+		if (!e->c || e->parked)
 			continue;
 		if (ours && on_queue(s, e)) {
 			/* Its queue arm stays until a kick takes it - and then
@@ -1056,6 +1220,14 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 			int j = find(s, fd);
 			struct sdp_conn *c = NULL;
 			bool mine = false;        /* we watch it only for this */
+			if (j >= 0 && s->v[j].parked) {
+				/* Something came for a socket the application
+				 * deleted (a token, FIN): it stays readable, so
+				 * remove it from the kernel set now; whoever
+				 * waits on it next takes it. */
+				unpark(s, j);
+				j = -1;
+			}
 			if (j >= 0 && s->v[j].c) {
 				note_check(s, j);
 				if (s->v[j].watching) {

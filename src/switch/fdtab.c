@@ -143,6 +143,7 @@ void fd_forget(int fd)
 	if (k == FDK_TCP && e->c) {
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
+		epoll_drop_parked(fd);        /* deleted from a set while SDP */
 		if (atomic_fetch_sub(&holds[c->idx], 1) == 1)
 			sdp_release_tcp(c);
 	} else if (k == FDK_SDP && e->c) {

@@ -196,6 +196,7 @@ bool listen_defer_get(int fd, void *val, socklen_t *len, int *r);
 
 /* epoll.c */
 void epoll_forget_fd(int fd);
+void epoll_drop_parked(int fd);
 void epoll_adopt(int fd, struct sdp_conn *c);   /* connect() made fd SDP */
 void epoll_drop_pending(int fd);                /* ... or plain TCP */
 /* This process changed an SDP socket's readiness itself (shutdown,
