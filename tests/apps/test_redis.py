@@ -186,8 +186,12 @@ def test_redis_connection_churn(redis, sdp, kit):
     assert cl["sdp_conns"] >= CHURN_REQUESTS, f"redis-benchmark: {cl}"
     assert cl["tcp_conns"] == 0, f"redis-benchmark fell back to TCP: {cl}"
     assert cl["regions_created"] == cl["sdp_conns"], f"redis-benchmark: {cl}"
-    # a fresh slot at most once per arena slot; everything else reused
-    assert cl["regions_reused"] >= cl["regions_created"] - 8, \
+    # A fresh slot only at an arena slot's first use: a client that
+    # reconnects before the server let go of the last connection's slot
+    # takes another slot, and a busy peer's arenas grow (8, 16, 32... slots,
+    # ARCHITECTURE.md section 4), so a loaded host sees a few more than 8;
+    # everything else is reused.
+    assert cl["regions_reused"] >= cl["regions_created"] - 64, \
         f"connection memory was not reused: {cl}"
     d = kit.delta(sdp.server_stats(redis), before)
     assert d["sdp_conns"] >= CHURN_REQUESTS, f"redis-server SDP conns delta {d}"
