@@ -830,7 +830,6 @@ static int shm_kick_owed(struct fab_ep *ep, int wfd)
 /* Count a token, then write it (see PROTOCOL.md section 9). */
 static int send_token(struct fab_ep *ep, int wfd)
 {
-	static const unsigned char tok = SHM_TOKEN_BYTE;
 	/* Count first, and never once the count is final (TOKENS_FROZEN):
 	 * the peer reads exactly the announced number, so after a fallback no
 	 * token can land among application bytes. */
@@ -840,20 +839,28 @@ static int send_token(struct fab_ep *ep, int wfd)
 		if (v & TOKENS_FROZEN)
 			return 0;
 	} while (!atomic_compare_exchange_weak(ts, &v, v + 1));
+	int r = shm_token_write(wfd);
+	if (r == 1)
+		return 1;
+	/* Counted but not sent (socket gone or full): the count must stay
+	 * true, so take it back only if it is not final yet. */
+	uint64_t w = atomic_load(ts);
+	while (!(w & TOKENS_FROZEN) && !atomic_compare_exchange_weak(ts, &w, w - 1))
+		;
+	return r;
+}
+
+int shm_token_write(int wfd)
+{
+	static const unsigned char tok = SHM_TOKEN_BYTE;
 	for (;;) {
-		long r = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
+		long k = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
 				 NULL, 0);
-		if (r == 1)
+		if (k == 1)
 			return 1;
-		if (r < 0 && errno == EINTR)
+		if (k < 0 && errno == EINTR)
 			continue;
-		/* Counted but not sent (socket gone or full): the count must
-		 * stay true, so take it back only if it is not final yet. */
-		uint64_t w = atomic_load(ts);
-		while (!(w & TOKENS_FROZEN) &&
-		       !atomic_compare_exchange_weak(ts, &w, w - 1))
-			;
-		return -errno;
+		return k < 0 ? -errno : -EIO;
 	}
 }
 

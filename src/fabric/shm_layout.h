@@ -314,5 +314,9 @@ void shm_unmap(struct fab_ep *ep);
 
 /* shm.c: the send window's start and the idle time before a trim. */
 void shm_win_init(uint32_t start, uint32_t idle_ms);
+/* shm.c: write one wake-up byte on the TCP socket wfd, not blocking, not
+ * raising SIGPIPE: 1 written, or -errno (-EIO: the socket took nothing).
+ * Counting it (tokens_sent) is the caller's. */
+int shm_token_write(int wfd);
 
 #endif

@@ -712,16 +712,8 @@ int shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd
 	 * wakes a client asleep on the socket; written after the state, so
 	 * the client that reads it finds the state too. Nothing of ours was
 	 * on the socket before, and the application gets it only now. */
-	static const unsigned char tok = SHM_TOKEN_BYTE;
-	for (;;) {
-		long k = syscall(SYS_sendto, wfd, &tok, 1, MSG_DONTWAIT | MSG_NOSIGNAL,
-				 NULL, 0);
-		if (k == 1)
-			return 0;
-		if (k < 0 && errno == EINTR)
-			continue;
-		return k < 0 ? -errno : -EIO;
-	}
+	r = shm_token_write(wfd);
+	return r == 1 ? 0 : r;
 }
 
 /* This process no longer uses the region; the connection may live on in
