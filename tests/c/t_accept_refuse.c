@@ -12,25 +12,12 @@
 #include "testlib.h"
 #include <sys/resource.h>
 
-static long vm_size_kib(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	long kib = -1;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "VmSize: %ld kB", &kib) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kib;
-}
-
 /* Echo server with almost no address space left: reports on `rep` how
  * many connections accept() returned. */
 static void server(int l, int rep, int go, int nconn)
 {
 	tl_watchdog(30);
-	long kib = vm_size_kib();
+	long kib = tl_vm_size_kib();
 	CHECK(kib > 0);
 	struct rlimit rl = { (rlim_t)(kib + 2048) * 1024, (rlim_t)(kib + 2048) * 1024 };
 	SYS(setrlimit(RLIMIT_AS, &rl));

@@ -15,26 +15,13 @@
 #define NCONN 10
 #define NBYTES (3u << 20)
 
-static long vm_size_kib(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	long kib = -1;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "VmSize: %ld kB", &kib) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kib;
-}
-
 /* Echo server: at most `conns` connections at once, each NBYTES; with
  * room_mib, that much address space beyond what it has now. */
 static void server(int l, int conns, long room_mib)
 {
 	tl_watchdog(50);
 	if (room_mib) {
-		long kib = vm_size_kib();
+		long kib = tl_vm_size_kib();
 		CHECK(kib > 0);
 		struct rlimit rl = { (rlim_t)(kib + room_mib * 1024) * 1024,
 				     (rlim_t)(kib + room_mib * 1024) * 1024 };

@@ -16,19 +16,6 @@
 #define ROUND 50                  /* connections set up before reading answers */
 #define REQ   8192
 
-static long vm_size_kib(void)
-{
-	FILE *f = fopen("/proc/self/status", "r");
-	char line[256];
-	long kib = -1;
-	while (f && fgets(line, sizeof line, f))
-		if (sscanf(line, "VmSize: %ld kB", &kib) == 1)
-			break;
-	if (f)
-		fclose(f);
-	return kib;
-}
-
 static int transport(int fd)
 {
 	int v = -1;
@@ -43,7 +30,7 @@ static int transport(int fd)
 static void server(int l, int rep, int nconn)
 {
 	tl_watchdog(55);
-	long kib = vm_size_kib();
+	long kib = tl_vm_size_kib();
 	CHECK(kib > 0);
 	/* Room for a few dozen regions of 4 MiB, not for thousands. */
 	struct rlimit rl = { (rlim_t)(kib + 160 * 1024) * 1024,

@@ -145,6 +145,20 @@ static inline void tl_watchdog(unsigned secs)
 
 /* ---- time ------------------------------------------------------------- */
 
+/* This process's address space (VmSize), KiB; -1 if unknown. */
+static inline long tl_vm_size_kib(void)
+{
+	FILE *f = fopen("/proc/self/status", "r");
+	char line[256];
+	long kib = -1;
+	while (f && fgets(line, sizeof line, f))
+		if (sscanf(line, "VmSize: %ld kB", &kib) == 1)
+			break;
+	if (f)
+		fclose(f);
+	return kib;
+}
+
 static inline double tl_now(void)
 {
 	struct timespec ts;
