@@ -18,7 +18,7 @@
 #include "sdp/proto.h"
 
 #define SHM_MAGIC   0x53444d52u   /* "SDMR" */
-#define SHM_VERSION 7
+#define SHM_VERSION 8
 #define SHM_HDR_SIZE 4096u
 #define TOKENS_FROZEN (1ull << 63)   /* in tokens_sent: the count is final */
 #define SHM_TOKEN_BYTE 0xDB          /* the byte a kick writes on the TCP socket */
@@ -54,21 +54,28 @@ struct shm_side {                 /* written only by its own side */
 	_Atomic uint32_t linger0;     /* 1: our socket closes with a reset
 				       * (TCP: SOCK_LINGER with sk_lingertime 0) */
 	char pad1[36];
-	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
+	/* marks: change a few times in a connection's life; the peer reads
+	 * them in every call on its socket, so they share no line with the
+	 * words we write at every sleep and wake-up (below) */
 	_Atomic uint32_t fin;         /* 1: no message after fin_seq (TCP: FIN) */
-	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
 	_Atomic uint32_t abort;       /* 1: connection reset by this side (TCP: RST) */
-	_Atomic int32_t  pid;         /* process that last used this side */
-	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
-	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
+	_Atomic uint64_t fin_seq;     /* prod value when fin was set */
 	_Atomic uint32_t fb;          /* enum shm_fb: leaving SDP for TCP */
 	uint32_t fb_rx_off;           /* bytes of message fb_rx_cons+1 consumed */
 	_Atomic uint64_t fb_rx_cons;  /* peer messages fully consumed at fallback */
 	_Atomic uint32_t closed;      /* 1: this side's socket is fully closed */
 	_Atomic uint32_t rd_shut;     /* 1: shutdown(SHUT_RD): data now resets */
+	_Atomic int32_t  pid;         /* process that last used this side */
+	char pad2[20];
+	/* wake-ups: written at every sleep (armed) and every token */
+	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
+	uint32_t pad3;
+	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
+	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
+	char pad4[40];
 	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
 };
-_Static_assert(sizeof(struct shm_side) == 320, "side block is 5 cache lines");
+_Static_assert(sizeof(struct shm_side) == 384, "side block is 6 cache lines");
 
 /*
  * The provider's state in an endpoint (struct fab_ep priv): what this side
@@ -150,7 +157,7 @@ enum shm_state {
  *  32   4  state      enum shm_state
  *  36   4  lease      enum shm_lease (shm_region.c): arena slots only
  *  40  24  pad
- *  64 640  side[2]    control blocks of side 0 and side 1
+ *  64 768  side[2]    control blocks of side 0 and side 1
  */
 struct shm_hdr {
 	uint32_t magic;
@@ -169,7 +176,11 @@ _Static_assert(sizeof(struct shm_hdr) <= SHM_HDR_SIZE, "header fits a page");
 _Static_assert(offsetof(struct shm_hdr, state) == 32, "state at 32");
 _Static_assert(offsetof(struct shm_hdr, side) == 64, "control blocks at 64");
 _Static_assert(offsetof(struct shm_side, cons) == 64, "cons on its own line");
-_Static_assert(offsetof(struct shm_side, zc) == 192, "zero-copy words at 192");
+_Static_assert(offsetof(struct shm_side, zc) == 256, "zero-copy words at 256");
+_Static_assert(offsetof(struct shm_side, fin) == 128 && offsetof(struct shm_side, pid) == 168,
+	       "marks on their own line, at 128");
+_Static_assert(offsetof(struct shm_side, armed) == 192 && offsetof(struct shm_side, tokens_rcvd) == 208,
+	       "wake-up words on their own line, at 192");
 _Static_assert(offsetof(struct shm_side, win) == 28, "window at 28");
 
 /*
