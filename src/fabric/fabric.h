@@ -562,6 +562,20 @@ enum {
  * application's, and the switch passes every call on them through. */
 extern __thread int fab_private;
 
+/* Sends a provider still holds for a connection nobody may call (ofi
+ * over libfabric's tcp provider, whose progress is manual: what the kernel
+ * socket could not take waits until the process calls libfabric, where
+ * TCP's kernel would send it by itself). While any are held, every sleep
+ * of the library - the engine's blocking waits, poll, select, epoll_wait,
+ * with or without SDP members - pushes them (fab_held_push) and lasts at
+ * most fab_held_ms(its timeout) before it pushes again: a thread asleep on
+ * another descriptor still delivers what send() took. Nothing held (any
+ * process without ofi connections): ms is returned unchanged after one
+ * load, and fab_held_push does nothing (fabric/ofi_chan.c). ms < 0: no
+ * limit. */
+int  fab_held_ms(int ms);
+void fab_held_push(void);
+
 /* The receive buffers of the peer our sends use now (<= nslots). */
 static inline uint32_t fab_tx_window(struct fab_ep *ep)
 {

@@ -118,7 +118,9 @@ struct ofi_proc {
 	 * sleep, reads their queues too (ofi_backlog). */
 	pthread_mutex_t bklock;
 	struct ofi_conn *bk[256];
-	int nbk;
+	_Atomic int nbk;               /* read without the lock: non-zero makes
+					* every sleep of the process short
+					* (fab_held_ms) */
 	_Atomic uint64_t bk_tick;      /* fab_clock of the last walk */
 };
 extern struct ofi_proc ofi_p;
@@ -285,6 +287,9 @@ struct ofi_conn {
 	_Atomic uint64_t reaps;        /* completions reaped from cq (sdp stat:
 					* a completion wakes its own connection) */
 	_Atomic uint32_t tx_out;       /* sends handed to the fabric, not completed */
+	_Atomic uint64_t inj_hi;       /* 1 + seq of our last injected message:
+					* no completion says it left libfabric,
+					* the peer's consumption does */
 	_Atomic bool in_bk;            /* on ofi_p's backlog list */
 	_Atomic uint64_t reap_tick;    /* fab_clock when cq was last read to its
 					* end (0: read it at the next progress) */

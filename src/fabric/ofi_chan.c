@@ -69,10 +69,17 @@ static void relax(void)
 
 /* ---- the backlog: sends the fabric may still hold --------------------------- */
 
+static uint64_t peer_cons(struct ofi_conn *oc);
+
+/* Sends not known to have left libfabric: a send or an RDMA operation not
+ * completed, or an injected message (a copy queued without a completion:
+ * the tcp provider holds it as it holds a send when the socket is full)
+ * the peer has not consumed yet. */
 static bool has_backlog(struct ofi_conn *oc)
 {
 	return atomic_load_explicit(&oc->tx_out, memory_order_relaxed) ||
-	       atomic_load_explicit(&oc->misc_busy, memory_order_relaxed);
+	       atomic_load_explicit(&oc->misc_busy, memory_order_relaxed) ||
+	       peer_cons(oc) < atomic_load_explicit(&oc->inj_hi, memory_order_relaxed);
 }
 
 /* Just posted: on the list until a read of its queue finds all done. */
@@ -118,7 +125,8 @@ void ofi_bk_del(struct ofi_conn *oc)
  */
 void ofi_backlog(struct ofi_conn *self)
 {
-	if (!ofi_p.nbk || pthread_mutex_trylock(&ofi_p.bklock))
+	if (!atomic_load_explicit(&ofi_p.nbk, memory_order_relaxed) ||
+	    pthread_mutex_trylock(&ofi_p.bklock))
 		return;
 	atomic_store_explicit(&ofi_p.bk_tick, fab_clock(), memory_order_relaxed);
 	for (int i = ofi_p.nbk - 1; i >= 0; i--) {
@@ -138,6 +146,40 @@ void ofi_backlog(struct ofi_conn *self)
 			bk_del_locked(oc);
 	}
 	pthread_mutex_unlock(&ofi_p.bklock);
+}
+
+/*
+ * The process's sleeps (wait.c, poll.c, epoll.c; fabric.h): while the
+ * backlog list is not empty a sleep lasts at most OFI_HELD_MS and pushes
+ * the held sends before it (and so after each wake, before the next).
+ * Not their wait objects: the tcp provider's queue says nothing when its
+ * socket can take bytes again, and a peer that does not read keeps them
+ * held - a timer costs a few system calls per OFI_HELD_MS then, a spin
+ * never. The list empty (no ofi connection sends, or none in this
+ * process): one load, nothing else.
+ */
+#define OFI_HELD_MS 2
+#define OFI_BK_TICKS (32u << 10)     /* fab_clock: about 10-20 us between two
+				      * walks of progress with nothing to do */
+
+int fab_held_ms(int ms)
+{
+	if (!atomic_load_explicit(&ofi_p.nbk, memory_order_relaxed))
+		return ms;
+	return ms < 0 || ms > OFI_HELD_MS ? OFI_HELD_MS : ms;
+}
+
+void fab_held_push(void)
+{
+	/* A walk a moment ago (the arm of the sleeper's own ofi connection
+	 * makes one) is enough. */
+	if (!atomic_load_explicit(&ofi_p.nbk, memory_order_relaxed) ||
+	    fab_clock() - atomic_load_explicit(&ofi_p.bk_tick, memory_order_relaxed) <
+	    OFI_BK_TICKS)
+		return;
+	fab_private++;
+	ofi_backlog(NULL);
+	fab_private--;
 }
 
 /* ---- posting ------------------------------------------------------------- */
@@ -490,7 +532,6 @@ void ofi_progress_now(struct ofi_conn *oc)
  * it at once (ofi_drain).
  */
 #define OFI_REAP_TICKS 2048
-#define OFI_BK_TICKS   (32u << 10)   /* about 10-20 us */
 
 static void progress(struct ofi_conn *oc, bool now)
 {
@@ -677,6 +718,8 @@ static int flush(struct ofi_conn *oc, uint64_t upto)
 		oc->tx_flushed = seq + 1;
 		if (!inj)
 			atomic_fetch_add_explicit(&oc->tx_out, 1, memory_order_relaxed);
+		else
+			atomic_store_explicit(&oc->inj_hi, seq + 1, memory_order_relaxed);
 		bk_add(oc);
 	}
 	return 0;

@@ -264,7 +264,10 @@ static int sleep_on_wait_fd(struct sdp_conn *c, int fd, int wfd, unsigned flags,
 		if (ms == 0)
 			return -EAGAIN;
 		struct pollfd p = { .fd = wfd, .events = POLLIN };
-		int r = sys_poll(&p, 1, (int)(ms > INT_MAX ? INT_MAX : ms));
+		/* Other connections' sends the fabric holds: pushed now and
+		 * at least every few ms while we sleep (fabric.h). */
+		fab_held_push();
+		int r = sys_poll(&p, 1, fab_held_ms((int)(ms > INT_MAX ? INT_MAX : ms)));
 		if (r < 0 && errno == EINTR) {
 			if ((flags & SDP_WAIT_PARTIAL) || !restart_after_signal())
 				return -EINTR;
@@ -293,6 +296,24 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	 * tokens arrive on the socket); the socket's SO_RCVTIMEO expiring
 	 * then just means "sleep again". */
 	bool send_untimed = !use_rcvtimeo && !deadline;
+	if (!partial && fab_held_ms(-1) >= 0) {
+		/* Sends the fabric holds for another connection (fabric.h):
+		 * not the kernel's sleep - a short one that pushes them
+		 * first. A signal: restarted as the kernel restarts a call
+		 * without a timeout (SA_RESTART), else EINTR; SO_RCVTIMEO's
+		 * end is the deadline (EAGAIN). */
+		int64_t ms = remaining_ms(deadline);
+		if (ms == 0)
+			return -EAGAIN;
+		fab_held_push();
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		int r = sys_poll(&p, 1, fab_held_ms(ms > INT_MAX ? INT_MAX : (int)ms));
+		if (r < 0 && errno == EINTR)
+			return !deadline && restart_after_signal() ? 0 : -EINTR;
+		if (r > 0)
+			sdp_on_wakeup(c, fd);
+		return 0;
+	}
 	if (!partial && (use_rcvtimeo || send_untimed)) {
 		/* Kernel-exact blocking: SO_RCVTIMEO, SA_RESTART, FIN.
 		 * Peek: only announced tokens may be consumed (drain). */
@@ -319,7 +340,8 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	if (ms < 0 || ms > SDP_CHECK_MS)
 		ms = SDP_CHECK_MS;                /* then look again */
 	struct pollfd p = { .fd = fd, .events = POLLIN };
-	int r = sys_poll(&p, 1, (int)ms);
+	fab_held_push();                      /* fabric.h */
+	int r = sys_poll(&p, 1, fab_held_ms((int)ms));
 	if (r < 0 && errno == EINTR)
 		return -EINTR;
 	if (r > 0)

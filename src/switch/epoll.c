@@ -1365,6 +1365,7 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
+		fab_held_push();                      /* fabric.h */
 		int r = kernel_wait(epfd, ev, max, tp, mask);
 		queues_wake(&z);
 		if (r < 0) {
@@ -1380,10 +1381,33 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 	}
 }
 
+/* A set without SDP members while a fabric holds sends (fabric.h): the
+ * kernel's wait in slices of a few ms, each after a push of those sends. */
+static bool held(int64_t timeout_ns)
+{
+	return timeout_ns != 0 && fab_held_ms(-1) >= 0;
+}
+
+static int held_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns,
+		     const sigset_t *mask)
+{
+	uint64_t deadline = timeout_ns >= 0 ? sdp_now_ns() + (uint64_t)timeout_ns : 0;
+	for (;;) {
+		fab_held_push();
+		struct timespec ts;
+		const struct timespec *tp = sdp_sleep_ts(deadline, false, &ts);
+		int r = kernel_wait(epfd, ev, max, tp, mask);
+		if (r != 0 || (deadline && sdp_now_ns() >= deadline))
+			return r;
+	}
+}
+
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	SDP_INIT();
 	struct ep_shadow *s = members(epfd);
+	if (!s && held(timeout))
+		return held_wait(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
 	if (!s)
 		return real_epoll_wait(epfd, ev, max, timeout);
 	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
@@ -1394,6 +1418,8 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
 {
 	SDP_INIT();
 	struct ep_shadow *s = members(epfd);
+	if (!s && held(timeout))
+		return held_wait(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
 	if (!s)
 		return real_epoll_pwait(epfd, ev, max, timeout, mask);
 	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
@@ -1404,6 +1430,9 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 {
 	SDP_INIT();
 	struct ep_shadow *s = members(epfd);
+	int64_t to = t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1;
+	if (!s && real_epoll_pwait2 && held(to))
+		return held_wait(epfd, ev, max, to, mask);
 	if (!s) {
 		if (!real_epoll_pwait2) {
 			errno = ENOSYS;           /* a libc without it */

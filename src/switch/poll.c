@@ -109,6 +109,25 @@ static int merge_others(struct pollfd *fds, nfds_t n, struct sdp_conn **cs,
 	return ready;
 }
 
+/* A set without SDP members while a fabric holds sends (fabric.h): the
+ * kernel's wait in slices of a few ms, each after a push of those sends,
+ * until something is ready or the timeout ends. poll_ms: as poll(). */
+static int held_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask,
+		      const int *poll_ms)
+{
+	uint64_t deadline = timeout_ns >= 0 ? sdp_now_ns() + (uint64_t)timeout_ns : 0;
+	for (;;) {
+		fab_held_push();
+		struct timespec ts;
+		const struct timespec *tp = sdp_sleep_ts(deadline, false, &ts);
+		int r = poll_ms && !mask ?
+			real_poll(fds, n, (int)(ts.tv_sec * 1000 + ts.tv_nsec / 1000000)) :
+			real_ppoll(fds, n, tp, mask);
+		if (r != 0 || timeout_ns == 0 || (deadline && sdp_now_ns() >= deadline))
+			return r;
+	}
+}
+
 /* poll_ms: called as poll(): a set without SDP members goes to the kernel
  * as that very call (a seccomp filter may allow poll and not ppoll). */
 static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask,
@@ -153,6 +172,10 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 	}
 	int r;
 	struct timespec zero = { 0, 0 };
+	if (!nsdp && timeout_ns != 0 && fab_held_ms(-1) >= 0) {
+		r = held_ppoll(fds, n, timeout_ns, mask, poll_ms);
+		goto out;
+	}
 	if (!nsdp && poll_ms) {
 		r = real_poll(fds, n, *poll_ms);
 		goto out;
@@ -236,6 +259,7 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
+		fab_held_push();                      /* fabric.h */
 		r = real_ppoll(tmp, n, tp, mask);
 		sdp_idle_look_all(cs, n);             /* rcvbuf.c */
 		for (nfds_t i = 0; i < n; i++)
@@ -314,8 +338,8 @@ static int select_common(int nfds, fd_set *r, fd_set *w, fd_set *e,
 		if (fd_conn(fd))
 			nsdp++;
 	}
-	if (!nsdp)
-		return 0;
+	if (!nsdp && (timeout_ns == 0 || fab_held_ms(-1) < 0))
+		return 0;                     /* (held sends: sdp_ppoll's slices) */
 	*handled = true;
 	*start = sdp_now_ns();
 	struct pollfd *p = calloc((size_t)cnt, sizeof *p);

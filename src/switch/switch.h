@@ -207,7 +207,9 @@ void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) 
 
 /* How long a poll/epoll sleep may last: until deadline (0 = none), cut to
  * SDP_SHARED_SLICE_MS when another sleeper consumes the tokens of one of
- * our sockets, and to SDP_CHECK_MS in any case (conn.h). */
+ * our sockets, to a few ms while a fabric holds sends (fabric.h
+ * fab_held_ms: the caller pushes them with fab_held_push before each
+ * sleep), and to SDP_CHECK_MS in any case (conn.h). */
 static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared,
 						  struct timespec *ts)
 {
@@ -220,6 +222,9 @@ static inline const struct timespec *sdp_sleep_ts(uint64_t deadline, bool shared
 		left = SDP_SHARED_SLICE_MS * 1000000ull;
 	if (left > SDP_CHECK_MS * 1000000ull)
 		left = SDP_CHECK_MS * 1000000ull;   /* look again (conn.h) */
+	int held = fab_held_ms(-1);
+	if (held >= 0 && left > (uint64_t)held * 1000000ull)
+		left = (uint64_t)held * 1000000ull;
 	ts->tv_sec = (time_t)(left / 1000000000);
 	ts->tv_nsec = (long)(left % 1000000000);
 	return ts;

@@ -139,8 +139,8 @@ class Bg:
     """A background process; killed (by its pid) at the end of the test."""
     live = []
 
-    def __init__(self, argv, env):
-        self.p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+    def __init__(self, argv, env, stdin=None):
+        self.p = subprocess.Popen(argv, env=env, stdin=stdin, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, text=True)
         self.seen = ""
         Bg.live.append(self)
@@ -163,12 +163,14 @@ class Bg:
         out, err = self.p.communicate()
         pytest.fail(f"no {text!r} from {self.p.args}: {self.seen}{out}{err[-3000:]}")
 
-    def finish(self, timeout=30):
+    def finish(self, timeout=30, fail=True):
         try:
             out, err = self.p.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.p.kill()
             out, err = self.p.communicate()
+            if not fail:                # the caller says what it means
+                return None, self.seen + out, err
             pytest.fail(f"{self.p.args} did not end in {timeout} s: {err[-3000:]}")
         return self.p.returncode, self.seen + out, err
 
@@ -663,3 +665,75 @@ def test_many_connections(hosts, tmp_path):
     tot = _exit_totals(cdir, "python3")
     _assert_net(tot, "many.py client", n, tx=n * (64 << 10) + rounds * 64,
                 rx=n * (64 << 10) + rounds * 64)
+
+
+# ---- sends the fabric holds while the sender sleeps elsewhere ------------------------------
+
+HELD = HERE / "held.py"
+
+
+def _cpu_s(pid):
+    """utime + stime of a process, in seconds."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("how", ["recv", "poll", "epoll", "poll-tcp", "epoll-tcp"])
+def test_held_sends_pushed_while_asleep(hosts, tmp_path, how):
+    """A client sends on connection A without blocking until it stops
+    taking bytes, then sleeps on connection B only (blocking recv, poll,
+    epoll_wait); the server reads all of A only then, and answers on B
+    after checking A's SHA-256. Over the tcp provider (manual progress)
+    bytes the kernel socket could not take wait in libfabric until the
+    process calls it: the sleep on B must push them, as TCP's kernel does,
+    else both ends wait for ever. While the server does not read A yet
+    (recv case: it waits for a line on stdin) the client's sleep must not
+    spin. "-tcp": B stays on plain TCP (policy), so the sleep calls the
+    library for no SDP connection at all."""
+    p = port()
+    port()                              # B's: p + 1
+    # 512 x 32 KiB in flight (16 MiB): far more than the kernel sockets
+    # take while the server does not read (some 2-3 MiB across the veth).
+    NSL = 512
+    sdir, cdir = tmp_path / "srv", tmp_path / "cli"
+    sdir.mkdir()
+    cdir.mkdir()
+    gate = "stdin" if how == "recv" else "go"
+    conf = tmp_path / "sdp.conf"
+    conf.write_text((f"use tcp * * *:{p + 1}\n" if how.endswith("-tcp") else "") +
+                    "use sdp * * *:*\n")
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, HELD, "server", SRV4, p, gate]),
+             _env(SDP_LOG=2, SDP_STATS_DIR=sdir, SDP_NSLOTS=NSL, SDP_CONFIG=conf),
+             stdin=subprocess.PIPE)
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, HELD, "client", SRV4, p,
+                                 how.split("-")[0]]),
+             _env(SDP_LOG=2, SDP_STATS_DIR=cdir, SDP_NSLOTS=NSL, SDP_CONFIG=conf))
+    cli.wait_line("waiting", timeout=60)
+    srv.wait_line("go", timeout=30)
+    if gate == "stdin":
+        # A is not read: the client sleeps in recv on B with bytes held.
+        pid = _python_pid(cli)
+        c0, t0 = _cpu_s(pid), time.monotonic()
+        select.select([], [], [], 2.0)
+        c1, t1 = _cpu_s(pid), time.monotonic()
+        used = (c1 - c0) / (t1 - t0)
+        print(f"client CPU while its peer does not read: {used * 100:.2f}% of a CPU")
+        assert used < 0.05, f"the client spins while asleep: {used * 100:.1f}% of a CPU"
+        srv.p.stdin.write("read\n")
+        srv.p.stdin.flush()
+    rc, out, err = cli.finish(timeout=60, fail=False)
+    print(out.strip())
+    assert "answer ok" in out, \
+        f"no answer on B in 60 s ({how}): A's bytes held by the fabric were not pushed " \
+        f"while the client slept on B\nclient: {out}{err[-2000:]}\nserver: {srv.seen}"
+    assert rc == 0, f"{out}\n{err[-2000:]}"
+    rc, sout, serr = srv.finish()
+    assert rc == 0 and "match" in sout, f"{sout}\n{serr[-2000:]}"
+    assert "stopped True" in out, f"the client's socket took every byte: {out}"
+    tot = _exit_totals(cdir, "python3")
+    assert tot["net_conns"] >= 1 and tot["net_tx_bytes"] >= int(out.split()[3]), tot
+    if not how.endswith("-tcp"):
+        _assert_net(tot, "held.py client", 2)
+    assert "SDP over ofi:tcp" in err and "SDP over ofi:tcp" in serr, \
+        err[-2000:] + serr[-2000:]
