@@ -12,8 +12,9 @@
  * too) - each a clock value compared with the connection's last activity,
  * with no system call unless a trim is due. A process blocked outside the
  * library keeps its connections' pages until it next enters it. At the
- * last close, the ring is given back too (an arena slot's memfd outlives
- * its connection).
+ * last close, a ring whose window grew is given back too (an arena slot's
+ * memfd outlives its connection); one that stayed in its start window
+ * keeps its few pages for the slot's next connection.
  */
 #include <errno.h>
 #include <pthread.h>
