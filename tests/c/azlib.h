@@ -177,4 +177,20 @@ static inline void az_run_all(char **argv, const char *const *names, int n,
 		}
 }
 
+/* main() of a t_az_* program with one scenario: in the child (--az) run
+ * it; else run it under both fault policies with the library's choice of
+ * protection and, if also_mprotect, again with mprotect. */
+static inline int az_main_one(int argc, char **argv, int (*scenario)(void),
+			      int also_mprotect)
+{
+	if (argc >= 3 && !strcmp(argv[1], "--az"))
+		return scenario();
+	tl_watchdog(120);
+	const char *names[] = { "all" };
+	az_run_all(argv, names, 1, NULL);
+	if (also_mprotect)
+		az_run_all(argv, names, 1, "SDP_AZ_PROTECT=mprotect");
+	return 0;
+}
+
 #endif

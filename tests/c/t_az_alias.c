@@ -72,10 +72,5 @@ static int scenario(void)
 
 int main(int argc, char **argv)
 {
-	if (argc >= 3 && !strcmp(argv[1], "--az"))
-		return scenario();
-	tl_watchdog(120);
-	const char *names[] = { "all" };
-	az_run_all(argv, names, 1, NULL);
-	return 0;
+	return az_main_one(argc, argv, scenario, 0);
 }
