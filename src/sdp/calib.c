@@ -13,14 +13,20 @@
  *      (rep movsb in the kernel on some CPUs), zero copy between aliased
  *      buffers goes through a bounce buffer at another offset (zcopy.c);
  *   3. the `auto` zero-copy threshold: where one CMA copy plus the
- *      zero-copy handshake becomes cheaper than two ring copies.
+ *      zero-copy handshake becomes cheaper than two ring copies;
+ *   4. for Asynchronous Zero Copy (only when it is on, and for `sdp
+ *      check`): at each size from 8 KiB to 4 MiB, the CMA copy of a
+ *      page-aligned buffer - what a synchronous send waits for - against a
+ *      protect + unprotect cycle of its pages by mprotect and by
+ *      userfaultfd - what an asynchronous send pays instead
+ *      (sdp_calib_az_thresh turns them into the `auto` AZ threshold).
  *
  * A few tens of milliseconds, then cached in a small text file keyed by
  * kernel release and CPU model:
  *   $SDP_CALIB_FILE, else $XDG_CACHE_HOME/sdp-calib, else
  *   ~/.cache/sdp-calib, else /tmp/sdp-calib.<uid>
- * This file uses no part of the library but copy.c, so `sdp check` links it
- * too.
+ * This file uses no part of the library but copy.c, the tunables and
+ * azcal.c (the protection cycle), so `sdp check` links it too.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +43,7 @@
 
 #include "sdp/calib.h"
 #include "sdp/sys.h"
+#include "sdp/tunables.h"
 
 #define ZC_HANDSHAKE_NS 8000.0   /* SrcAvail, completion and the sender
 				  * noticing it between two sends, estimate */
@@ -213,6 +220,24 @@ static double time_bcopy(sdp_copy_fn f, char *dst, const char *src, char *ring,
 	return best;
 }
 
+/* 4.: the child holds src (page-aligned); dst is the receiver's buffer. */
+static void measure_az(pid_t child, char *dst, char *src, struct sdp_calib *o)
+{
+	o->naz = 0;
+	for (int i = 0; i < SDP_CALIB_AZ_SIZES; i++) {
+		size_t n = (size_t)8192 << i;
+		time_cma(child, dst, src, n, 1);                /* warm */
+		double cp = time_cma(child, dst, src, n, 3);
+		if (cp < 0)
+			return;
+		o->az[i].bytes = (uint32_t)n;
+		o->az[i].copy_us = cp / 1000;
+		o->az[i].mprotect_us = az_cycle_us(1, n, 3);
+		o->az[i].uffd_us = az_cycle_us(2, n, 3);
+		o->naz = i + 1;
+	}
+}
+
 /*
  * The sink reads the source as the peer's process would be read: a forked
  * child holds the source buffer. The threshold is the smallest size where
@@ -220,7 +245,8 @@ static double time_bcopy(sdp_copy_fn f, char *dst, const char *src, char *ring,
  * buffers bounce) is clearly cheaper than Buffer Copy; 0 if none up to
  * 8 MiB or if CMA is refused.
  */
-static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
+static void measure_cma(uint32_t slot_size, bool fake_cma, bool with_az,
+			struct sdp_calib *o)
 {
 	size_t max = 8u << 20;
 	char *a = aligned_alloc(4096, max + 8192), *b = aligned_alloc(4096, max + 8192);
@@ -256,6 +282,8 @@ static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
 		o->cma_gbps_shifted = 65536 / shifted;
 	}
 	o->cma_alias = o->cma_gbps_same < 0.6 * o->cma_gbps_shifted;
+	if (with_az)                 /* at an offset zero copy reads directly */
+		measure_az(child, b + (o->cma_alias ? 2064 : 16), a, o);
 	const struct sdp_copy_impl *ci = sdp_copy_find(o->copy);
 	sdp_copy_fn f = ci ? ci->fn : sdp_copy_impls(&(int){ 0 })[0].fn;
 	size_t piece = slot_size > 64 ? slot_size - 16 : 1024;
@@ -296,8 +324,21 @@ out:
 
 /* ---- fake numbers (tests) ----------------------------------------------- */
 
-/* "copy=libc:1.0,avx2:9.5;cma=1.2:5.1": returns which parts were given
- * (1: copy, 2: cma). */
+/* A simulated host's AZ costs: copies at gbps GB/s, a protection cycle of
+ * fixed_us + page_us per page by either mechanism. */
+static void fake_az(double gbps, double fixed_us, double page_us, struct sdp_calib *o)
+{
+	o->naz = SDP_CALIB_AZ_SIZES;
+	for (int i = 0; i < SDP_CALIB_AZ_SIZES; i++) {
+		uint32_t n = 8192u << i;
+		o->az[i].bytes = n;
+		o->az[i].copy_us = n / (gbps * 1000);
+		o->az[i].mprotect_us = o->az[i].uffd_us = fixed_us + page_us * (n / 4096);
+	}
+}
+
+/* "copy=libc:1.0,avx2:9.5;cma=1.2:5.1;az=16:2:0.1": returns which parts
+ * were given (1: copy, 2: cma, 4: az). */
 static int parse_fake(const char *s, struct sdp_calib *o)
 {
 	int got = 0;
@@ -329,6 +370,12 @@ static int parse_fake(const char *s, struct sdp_calib *o)
 			   sscanf(part + 4, "%lf:%lf", &o->cma_gbps_same,
 				  &o->cma_gbps_shifted) == 2) {
 			got |= 2;
+		} else if (!strncmp(part, "az=", 3)) {
+			double g, f, pg;
+			if (sscanf(part + 3, "%lf:%lf:%lf", &g, &f, &pg) == 3 && g > 0) {
+				fake_az(g, f, pg, o);
+				got |= 4;
+			}
 		}
 	}
 	return got;
@@ -336,9 +383,9 @@ static int parse_fake(const char *s, struct sdp_calib *o)
 
 /* ---- the cache file ----------------------------------------------------- */
 
-static bool cache_read(struct sdp_calib *o)
+static bool cache_read(struct sdp_calib *o, bool with_az)
 {
-	char buf[2048];
+	char buf[4096];
 	int fd = sys_open(o->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return false;
@@ -368,6 +415,13 @@ static bool cache_read(struct sdp_calib *o)
 			o->cma_ok = ok;
 			o->cma_alias = al;
 			have |= 16;
+		} else if (!strncmp(l, "az ", 3) && o->naz < SDP_CALIB_AZ_SIZES) {
+			int i = o->naz;
+			if (sscanf(l + 3, "%u %lf %lf %lf", &o->az[i].bytes, &o->az[i].copy_us,
+				   &o->az[i].mprotect_us, &o->az[i].uffd_us) != 4 ||
+			    o->az[i].bytes != 8192u << i)
+				return false;
+			o->naz++;
 		} else if (!strncmp(l, "copy_gbps ", 10)) {
 			char *e = l + 10;
 			o->ncopy = 0;
@@ -384,7 +438,8 @@ static bool cache_read(struct sdp_calib *o)
 		}
 	}
 	const struct sdp_copy_impl *c = sdp_copy_find(o->copy);
-	return have == 31 && c && c->usable();
+	return have == 31 && c && c->usable() &&
+	       (!with_az || o->naz == SDP_CALIB_AZ_SIZES || !o->cma_ok);
 }
 
 static void cache_write(const struct sdp_calib *o)
@@ -396,7 +451,7 @@ static void cache_write(const struct sdp_calib *o)
 		*slash = 0;
 		mkdir(dir, 0700);
 	}
-	char out[2048];
+	char out[4096];
 	int n = snprintf(out, sizeof out, "%s\nhost %s\nzcopy_thresh %u\ncopy %s\n"
 			 "cma %d %d %.3f %.3f\ncopy_gbps", CALIB_MAGIC, o->host,
 			 o->zcopy_thresh, o->copy, o->cma_ok, o->cma_alias,
@@ -404,6 +459,10 @@ static void cache_write(const struct sdp_calib *o)
 	for (int i = 0; i < o->ncopy && n > 0 && (size_t)n < sizeof out; i++)
 		n += snprintf(out + n, sizeof out - (size_t)n, " %s %.3f",
 			      o->copy_speed[i].name, o->copy_speed[i].gbps);
+	for (int i = 0; i < o->naz && n > 0 && (size_t)n < sizeof out; i++)
+		n += snprintf(out + n, sizeof out - (size_t)n, "\naz %u %.3f %.3f %.3f",
+			      o->az[i].bytes, o->az[i].copy_us, o->az[i].mprotect_us,
+			      o->az[i].uffd_us);
 	if (n <= 0 || (size_t)n >= sizeof out - 2)
 		return;
 	out[n++] = '\n';
@@ -421,7 +480,7 @@ static void cache_write(const struct sdp_calib *o)
 		unlink(tmp);
 }
 
-void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
+static void calib_get(uint32_t slot_size, bool force, bool with_az, struct sdp_calib *o)
 {
 	memset(o, 0, sizeof *o);
 	cache_path(o->path, sizeof o->path);
@@ -429,14 +488,39 @@ void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
 	const char *fake = getenv("SDP_CALIB_FAKE");
 	int faked = fake && *fake ? parse_fake(fake, o) : 0;
 	o->faked = faked != 0;
-	if (!faked && !force && cache_read(o)) {
+	if (!faked && !force && cache_read(o, with_az)) {
 		o->cached = true;
 		return;
 	}
 	if (!(faked & 1))
 		measure_copy(slot_size, o);
 	choose_copy(o);
-	measure_cma(slot_size, faked & 2, o);
+	measure_cma(slot_size, faked & 2, with_az && !(faked & 4), o);
 	if (!faked)
 		cache_write(o);
+}
+
+void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
+{
+	calib_get(slot_size, force, sdp_tun.azcopy != 0, o);
+}
+
+void sdp_calib_get_az(uint32_t slot_size, bool force, struct sdp_calib *o)
+{
+	calib_get(slot_size, force, true, o);
+}
+
+uint32_t sdp_calib_az_thresh(const struct sdp_calib *c, int mech, int *at)
+{
+	int pick = -1;
+	/* From the largest size down, while the copy costs more. */
+	for (int i = c->naz - 1; i >= 0; i--) {
+		double cyc = mech == 2 ? c->az[i].uffd_us : c->az[i].mprotect_us;
+		if (cyc < 0 || c->az[i].copy_us <= cyc)
+			break;
+		pick = i;
+	}
+	if (at)
+		*at = pick;
+	return pick < 0 ? 0 : c->az[pick].bytes;
 }
