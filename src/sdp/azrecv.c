@@ -316,7 +316,7 @@ ssize_t az_recv_take(struct sdp_conn *c, int fd, const struct sdp_srcavail *sa,
 	size_t n = sa->len - off;
 	uint32_t k = c->idx % SDP_POOL_CONNS;
 	if (!sdp_tun.azcopy || !sdp_tun.az_recv || !(sa->flags & SDP_SA_ASYNC) ||
-	    n < sdp_tun.azcopy_thresh || room < n || copied + room > sdp_tun.az_recv_max)
+	    room < n || !az_big_enough(n) || copied + room > sdp_tun.az_recv_max)
 		return 0;
 	if (az_recv_busy(c) || atomic_load(&njobs)) {
 		/* The last one is not copied yet and the application is
