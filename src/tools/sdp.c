@@ -202,12 +202,23 @@ static void policy_err(const char *msg, void *arg)
 
 /* The per-host choices of the library (calib.c): read from its cache, or
  * measured now (and cached) as the library would at its first connection. */
-static void host_report(bool json, bool force)
+static void host_report(bool json, bool force, int az_mech)
 {
 	struct sdp_calib cal;
 	const char *ss = getenv("SDP_SLOT_SIZE");
 	uint32_t slot = ss && atoi(ss) >= 1024 ? (uint32_t)atoi(ss) & ~63u : 32768;
-	sdp_calib_get(slot, force, &cal);
+	sdp_calib_get_az(slot, force, &cal);
+	/* The AZ threshold: measured for the mechanism a process would use,
+	 * unless SDP_AZCOPY_THRESH (or the policy) gives one. */
+	int at;
+	uint32_t azt = sdp_calib_az_thresh(&cal, az_mech, &at);
+	const char *az_src = cal.faked ? "simulated" : cal.cached ? "cache" : "measured";
+	if (!sdp_tun.azcopy_auto) {
+		azt = sdp_tun.azcopy_thresh;
+		az_src = "SDP_AZCOPY_THRESH";
+	}
+	const char *az_mname = az_mech == AZ_MECH_UFFD ? "uffd" : "mprotect";
+#define AZ_CYC(i) (az_mech == AZ_MECH_UFFD ? cal.az[i].uffd_us : cal.az[i].mprotect_us)
 	const char *env = getenv("SDP_COPY");
 	const char *routine = cal.copy, *source = cal.faked ? "simulated" :
 			      cal.cached ? "cache" : "measured";
@@ -228,11 +239,30 @@ static void host_report(bool json, bool force)
 			printf("%s\"%s\": %.2f", i ? ", " : "", cal.copy_speed[i].name,
 			       cal.copy_speed[i].gbps);
 		printf("}}, \"zcopy\": {\"cma\": %s, \"threshold\": %u, \"page_aliased\": \"%s\", "
-		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, "
-		       "\"cache\": \"%s\"}, ",
+		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, ",
 		       cal.cma_ok ? "true" : "false", cal.zcopy_thresh,
 		       cal.cma_alias ? "bounce" : "direct", cal.cma_gbps_same,
-		       cal.cma_gbps_shifted, cal.path);
+		       cal.cma_gbps_shifted);
+		/* The AZ threshold, the two costs that decided it (at the
+		 * threshold and the size below it) and every size measured. */
+		printf("\"az_threshold\": {\"threshold\": %u, \"source\": \"%s\", "
+		       "\"protect\": \"%s\", \"measured\": %u", azt, az_src, az_mname,
+		       sdp_calib_az_thresh(&cal, az_mech, NULL));
+		for (int k = 0; k < 2; k++) {
+			int i = k == 0 ? at : (at > 0 ? at - 1 : at < 0 ? cal.naz - 1 : -1);
+			if (i < 0)
+				printf(", \"%s\": null", k ? "below" : "at");
+			else
+				printf(", \"%s\": {\"bytes\": %u, \"copy_us\": %.2f, "
+				       "\"cycle_us\": %.2f}", k ? "below" : "at", cal.az[i].bytes,
+				       cal.az[i].copy_us, AZ_CYC(i));
+		}
+		printf(", \"sizes\": [");
+		for (int i = 0; i < cal.naz; i++)
+			printf("%s{\"bytes\": %u, \"copy_us\": %.2f, \"mprotect_us\": %.2f, "
+			       "\"uffd_us\": %.2f}", i ? ", " : "", cal.az[i].bytes,
+			       cal.az[i].copy_us, cal.az[i].mprotect_us, cal.az[i].uffd_us);
+		printf("]}, \"cache\": \"%s\"}, ", cal.path);
 		return;
 	}
 	printf("%-20s %s (kernel %.*s)\n", "host", model, (int)strcspn(cal.host, "|"), cal.host);
@@ -244,7 +274,18 @@ static void host_report(bool json, bool force)
 	       "offset, %.1f shifted)\n", "zcopy_threshold", cal.zcopy_thresh,
 	       cal.zcopy_thresh ? "" : " (never)", cal.cma_alias ? "bounced" : "direct",
 	       cal.cma_gbps_same, cal.cma_gbps_shifted);
+	printf("%-20s %u bytes%s (%s", "azcopy_threshold", azt,
+	       azt ? "" : " (never: a copy costs less than protecting the pages)", az_src);
+	if (at >= 0)
+		printf("; %s: %u bytes copy %.1f us > cycle %.1f us", az_mname, cal.az[at].bytes,
+		       cal.az[at].copy_us, AZ_CYC(at));
+	int below = at > 0 ? at - 1 : at < 0 ? cal.naz - 1 : -1;
+	if (below >= 0)
+		printf("%s %u bytes copy %.1f us <= cycle %.1f us", at >= 0 ? "," : ";",
+		       cal.az[below].bytes, cal.az[below].copy_us, AZ_CYC(below));
+	printf(")\n");
 	printf("%-20s %s\n", "calibration_cache", cal.path);
+#undef AZ_CYC
 }
 
 /* A JSON string: quotes, backslashes and control characters escaped. */
@@ -501,7 +542,7 @@ static int cmd_check(int argc, char **argv)
 		       az.choice == AZ_MECH_UFFD ? "uffd" : "mprotect", az.why,
 		       az.uffd_ok ? "true" : "false", az.mprotect_us, az.uffd_us,
 		       az.mprotect_fault_us, az.uffd_fault_us);
-		host_report(true, recal);
+		host_report(true, recal, az.choice);
 		tunables_report(true);
 		ofi_report(true);
 		printf(", \"checks\": {");
@@ -515,7 +556,7 @@ static int cmd_check(int argc, char **argv)
 		printf("%-20s      bcopy%s%s\n", "features",
 		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)",
 		       ck[azk].ok ? " azcopy" : "");
-		host_report(false, recal);
+		host_report(false, recal, az.choice);
 		ofi_report(false);
 	}
 	return 0;
