@@ -165,7 +165,6 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
     return out
 
 
-
 def _az_threshold_line(at: dict) -> str:
     """The AZ threshold of `sdp check --json` (host.az_threshold) in words:
     what was chosen, from where, and the copy and protection-cycle costs
@@ -185,6 +184,7 @@ def _az_threshold_line(at: dict) -> str:
             txt += (f"; {kib(c['bytes'])}: copy {c['copy_us']:.1f} µs {rel} protect + "
                     f"unprotect {c['cycle_us']:.1f} µs")
     return txt + "). Sends below it are synchronous (zero copy or Buffer Copy)."
+
 
 def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> str:
     rows = doc["rows"]
