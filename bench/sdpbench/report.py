@@ -181,9 +181,11 @@ def _az_threshold_line(at: dict) -> str:
     for key, rel in (("at", ">"), ("below", "<=")):
         c = at.get(key)
         if c:
-            txt += (f"; {kib(c['bytes'])}: copy {c['copy_us']:.1f} µs {rel} protect + "
+            txt += (f"; {c['pages']} pages: copy {c['copy_us']:.1f} µs {rel} protect + "
                     f"unprotect {c['cycle_us']:.1f} µs")
-    return txt + "). Sends below it are synchronous (zero copy or Buffer Copy)."
+    return txt + ("). A send of the threshold has one page more than the count where "
+                  "the copy costs more, whatever its alignment; smaller sends are "
+                  "synchronous (zero copy or Buffer Copy).")
 
 
 def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> str:

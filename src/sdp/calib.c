@@ -220,21 +220,91 @@ static double time_bcopy(sdp_copy_fn f, char *dst, const char *src, char *ring,
 	return best;
 }
 
-/* 4.: the child holds src (page-aligned); dst is the receiver's buffer. */
-static void measure_az(pid_t child, char *dst, char *src, struct sdp_calib *o)
+/* 4.: what the AZ costs are measured with: the child holding src (page-
+ * aligned; dst is the receiver's buffer), or a simulated host's model. */
+struct az_meter {
+	pid_t  child;
+	char  *dst, *src;
+	bool   fake;
+	double gbps, fixed_us, page_us;    /* the model */
+};
+
+static double meter_copy(const struct az_meter *m, size_t n)
+{
+	if (m->fake)
+		return (double)n / (m->gbps * 1000);
+	time_cma(m->child, m->dst, m->src, n, 1);          /* warm */
+	double ns = time_cma(m->child, m->dst, m->src, n, 3);
+	return ns < 0 ? -1 : ns / 1000;
+}
+
+static double meter_cycle(const struct az_meter *m, int mech, size_t n)
+{
+	if (m->fake)
+		return m->fixed_us + m->page_us * (double)(n / 4096);
+	return az_cycle_us(mech, n, 3);
+}
+
+/* The smallest index of az[] from which on (to 4 MiB) the copy costs more
+ * than mech's cycle, or -1. */
+static int table_pick(const struct sdp_calib *c, int mech)
+{
+	int pick = -1;
+	for (int i = c->naz - 1; i >= 0; i--) {
+		double cyc = mech == 2 ? c->az[i].uffd_us : c->az[i].mprotect_us;
+		if (cyc < 0 || c->az[i].copy_us <= cyc)
+			break;
+		pick = i;
+	}
+	return pick;
+}
+
+static void measure_az(const struct az_meter *m, struct sdp_calib *o)
 {
 	o->naz = 0;
+	memset(o->az_fine, 0, sizeof o->az_fine);
 	for (int i = 0; i < SDP_CALIB_AZ_SIZES; i++) {
 		size_t n = (size_t)8192 << i;
-		time_cma(child, dst, src, n, 1);                /* warm */
-		double cp = time_cma(child, dst, src, n, 3);
+		double cp = meter_copy(m, n);
 		if (cp < 0)
 			return;
 		o->az[i].bytes = (uint32_t)n;
-		o->az[i].copy_us = cp / 1000;
-		o->az[i].mprotect_us = az_cycle_us(1, n, 3);
-		o->az[i].uffd_us = az_cycle_us(2, n, 3);
+		o->az[i].copy_us = cp;
+		o->az[i].mprotect_us = meter_cycle(m, 1, n);
+		o->az[i].uffd_us = meter_cycle(m, 2, n);
 		o->naz = i + 1;
+	}
+	/* Between the size below the table's pick and the pick, in pages:
+	 * the cycle need not grow with the pages (x86 flushes up to 33 pages
+	 * from the TLB one by one, more with one flush: in a VM 34 pages
+	 * cost a quarter of 33), so the doubling sizes may overshoot. */
+	for (int mech = 1; mech <= 2; mech++) {
+		int at = table_pick(o, mech);
+		if (at <= 0)
+			continue;
+		struct sdp_az_fine *f = &o->az_fine[mech];
+		f->lo_pages = o->az[at - 1].bytes / 4096;
+		f->hi_pages = o->az[at].bytes / 4096;
+		f->lo_copy_us = o->az[at - 1].copy_us;
+		f->hi_copy_us = o->az[at].copy_us;
+		f->lo_cycle_us = mech == 2 ? o->az[at - 1].uffd_us : o->az[at - 1].mprotect_us;
+		f->hi_cycle_us = mech == 2 ? o->az[at].uffd_us : o->az[at].mprotect_us;
+		while (f->hi_pages - f->lo_pages > 1) {
+			uint32_t mid = (f->lo_pages + f->hi_pages) / 2;
+			double cp = meter_copy(m, (size_t)mid * 4096);
+			double cy = meter_cycle(m, mech, (size_t)mid * 4096);
+			if (cp < 0 || cy < 0)
+				break;
+			if (cp > cy) {
+				f->hi_pages = mid;
+				f->hi_copy_us = cp;
+				f->hi_cycle_us = cy;
+			} else {
+				f->lo_pages = mid;
+				f->lo_copy_us = cp;
+				f->lo_cycle_us = cy;
+			}
+		}
 	}
 }
 
@@ -282,8 +352,11 @@ static void measure_cma(uint32_t slot_size, bool fake_cma, bool with_az,
 		o->cma_gbps_shifted = 65536 / shifted;
 	}
 	o->cma_alias = o->cma_gbps_same < 0.6 * o->cma_gbps_shifted;
-	if (with_az)                 /* at an offset zero copy reads directly */
-		measure_az(child, b + (o->cma_alias ? 2064 : 16), a, o);
+	if (with_az) {               /* at an offset zero copy reads directly */
+		struct az_meter m = { .child = child, .dst = b + (o->cma_alias ? 2064 : 16),
+				      .src = a };
+		measure_az(&m, o);
+	}
 	const struct sdp_copy_impl *ci = sdp_copy_find(o->copy);
 	sdp_copy_fn f = ci ? ci->fn : sdp_copy_impls(&(int){ 0 })[0].fn;
 	size_t piece = slot_size > 64 ? slot_size - 16 : 1024;
@@ -324,19 +397,6 @@ out:
 
 /* ---- fake numbers (tests) ----------------------------------------------- */
 
-/* A simulated host's AZ costs: copies at gbps GB/s, a protection cycle of
- * fixed_us + page_us per page by either mechanism. */
-static void fake_az(double gbps, double fixed_us, double page_us, struct sdp_calib *o)
-{
-	o->naz = SDP_CALIB_AZ_SIZES;
-	for (int i = 0; i < SDP_CALIB_AZ_SIZES; i++) {
-		uint32_t n = 8192u << i;
-		o->az[i].bytes = n;
-		o->az[i].copy_us = n / (gbps * 1000);
-		o->az[i].mprotect_us = o->az[i].uffd_us = fixed_us + page_us * (n / 4096);
-	}
-}
-
 /* "copy=libc:1.0,avx2:9.5;cma=1.2:5.1;az=16:2:0.1": returns which parts
  * were given (1: copy, 2: cma, 4: az). */
 static int parse_fake(const char *s, struct sdp_calib *o)
@@ -371,9 +431,12 @@ static int parse_fake(const char *s, struct sdp_calib *o)
 				  &o->cma_gbps_shifted) == 2) {
 			got |= 2;
 		} else if (!strncmp(part, "az=", 3)) {
-			double g, f, pg;
-			if (sscanf(part + 3, "%lf:%lf:%lf", &g, &f, &pg) == 3 && g > 0) {
-				fake_az(g, f, pg, o);
+			/* copies at GBPS, a cycle of FIXED_US + PAGE_US a page
+			 * by either mechanism */
+			struct az_meter m = { .fake = true };
+			if (sscanf(part + 3, "%lf:%lf:%lf", &m.gbps, &m.fixed_us,
+				   &m.page_us) == 3 && m.gbps > 0) {
+				measure_az(&m, o);
 				got |= 4;
 			}
 		}
@@ -422,6 +485,14 @@ static bool cache_read(struct sdp_calib *o, bool with_az)
 			    o->az[i].bytes != 8192u << i)
 				return false;
 			o->naz++;
+		} else if (!strncmp(l, "az_fine ", 8)) {
+			int mech;
+			struct sdp_az_fine f;
+			if (sscanf(l + 8, "%d %u %lf %lf %u %lf %lf", &mech, &f.lo_pages,
+				   &f.lo_copy_us, &f.lo_cycle_us, &f.hi_pages, &f.hi_copy_us,
+				   &f.hi_cycle_us) == 7 && (mech == 1 || mech == 2) &&
+			    f.lo_pages < f.hi_pages)
+				o->az_fine[mech] = f;
 		} else if (!strncmp(l, "copy_gbps ", 10)) {
 			char *e = l + 10;
 			o->ncopy = 0;
@@ -463,6 +534,14 @@ static void cache_write(const struct sdp_calib *o)
 		n += snprintf(out + n, sizeof out - (size_t)n, "\naz %u %.3f %.3f %.3f",
 			      o->az[i].bytes, o->az[i].copy_us, o->az[i].mprotect_us,
 			      o->az[i].uffd_us);
+	for (int m = 1; m <= 2 && n > 0 && (size_t)n < sizeof out; m++) {
+		const struct sdp_az_fine *f = &o->az_fine[m];
+		if (f->hi_pages)
+			n += snprintf(out + n, sizeof out - (size_t)n,
+				      "\naz_fine %d %u %.3f %.3f %u %.3f %.3f", m, f->lo_pages,
+				      f->lo_copy_us, f->lo_cycle_us, f->hi_pages, f->hi_copy_us,
+				      f->hi_cycle_us);
+	}
 	if (n <= 0 || (size_t)n >= sizeof out - 2)
 		return;
 	out[n++] = '\n';
@@ -510,17 +589,36 @@ void sdp_calib_get_az(uint32_t slot_size, bool force, struct sdp_calib *o)
 	calib_get(slot_size, force, true, o);
 }
 
-uint32_t sdp_calib_az_thresh(const struct sdp_calib *c, int mech, int *at)
+uint32_t sdp_calib_az_thresh(const struct sdp_calib *c, int mech, struct sdp_az_choice *why)
 {
-	int pick = -1;
-	/* From the largest size down, while the copy costs more. */
-	for (int i = c->naz - 1; i >= 0; i--) {
-		double cyc = mech == 2 ? c->az[i].uffd_us : c->az[i].mprotect_us;
-		if (cyc < 0 || c->az[i].copy_us <= cyc)
-			break;
-		pick = i;
+	struct sdp_az_choice w = { 0 };
+	int at = mech == 1 || mech == 2 ? table_pick(c, mech) : -1;
+	if (at >= 0) {
+		const struct sdp_az_fine *f = &c->az_fine[mech];
+		w.at_pages = c->az[at].bytes / 4096;
+		w.at_copy_us = c->az[at].copy_us;
+		w.at_cycle_us = mech == 2 ? c->az[at].uffd_us : c->az[at].mprotect_us;
+		if (at > 0) {
+			w.below_pages = c->az[at - 1].bytes / 4096;
+			w.below_copy_us = c->az[at - 1].copy_us;
+			w.below_cycle_us = mech == 2 ? c->az[at - 1].uffd_us :
+					   c->az[at - 1].mprotect_us;
+		}
+		/* The refinement, if it belongs to this pick. */
+		if (f->hi_pages && f->lo_pages >= w.below_pages && f->hi_pages <= w.at_pages &&
+		    f->lo_pages < f->hi_pages) {
+			w.at_pages = f->hi_pages;
+			w.at_copy_us = f->hi_copy_us;
+			w.at_cycle_us = f->hi_cycle_us;
+			w.below_pages = f->lo_pages;
+			w.below_copy_us = f->lo_copy_us;
+			w.below_cycle_us = f->lo_cycle_us;
+		}
+		/* A send of this many bytes has at_pages whole pages wherever
+		 * it starts (malloc'd buffers start 16 bytes into a page). */
+		w.thresh = (w.at_pages + 1) * 4096;
 	}
-	if (at)
-		*at = pick;
-	return pick < 0 ? 0 : c->az[pick].bytes;
+	if (why)
+		*why = w;
+	return w.thresh;
 }

@@ -45,6 +45,13 @@ struct sdp_calib {
 		double   mprotect_us;      /* mprotect(PROT_READ) + mprotect(back) */
 		double   uffd_us;          /* UFFDIO_WRITEPROTECT on + off */
 	} az[SDP_CALIB_AZ_SIZES];
+	/* Per mechanism (index 1 mprotect, 2 userfaultfd): between the
+	 * table's size below its pick and the pick, the page counts on either
+	 * side of the crossing, by bisection (hi_pages 0: not refined). */
+	struct sdp_az_fine {
+		uint32_t lo_pages, hi_pages;   /* copy <= cycle at lo, > at hi */
+		double   lo_copy_us, lo_cycle_us, hi_copy_us, hi_cycle_us;
+	} az_fine[3];
 	char     path[512];            /* the cache file */
 	char     host[256];            /* kernel release | CPU model */
 };
@@ -62,12 +69,22 @@ void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *out);
 void sdp_calib_get_az(uint32_t slot_size, bool force, struct sdp_calib *out);
 
 /* The `auto` AZ threshold for protection mechanism mech (enum az_mech:
- * 1 mprotect, 2 userfaultfd): the smallest measured size from which on a
- * copy costs more than a protection cycle - below it the send is cheaper
- * synchronous (zero copy or Buffer Copy) - or 0 if none does (AZ never
- * pays here) or nothing was measured. *at gets the index into az[] of the
- * threshold (or -1), whose costs and the size below it explain it. */
-uint32_t sdp_calib_az_thresh(const struct sdp_calib *c, int mech, int *at);
+ * 1 mprotect, 2 userfaultfd). The table gives the smallest measured size
+ * from which on (to 4 MiB) a copy costs more than a protection cycle -
+ * below it a send is cheaper synchronous (zero copy or Buffer Copy) -
+ * narrowed to a page count by the refinement; the threshold is one page
+ * more, so that a send of that many bytes has those whole pages at any
+ * alignment. 0 if no size pays (AZ never does here) or nothing was
+ * measured. *why (if not NULL) gets the costs on either side. */
+struct sdp_az_choice {
+	uint32_t thresh;               /* bytes; 0 = never */
+	uint32_t at_pages;             /* whole pages where the copy costs more */
+	double   at_copy_us, at_cycle_us;
+	uint32_t below_pages;          /* the largest measured count where it
+					* does not (0: none measured) */
+	double   below_copy_us, below_cycle_us;
+};
+uint32_t sdp_calib_az_thresh(const struct sdp_calib *c, int mech, struct sdp_az_choice *why);
 
 /* One protect + unprotect cycle of len bytes of fresh private pages by
  * mech (1 mprotect, 2 userfaultfd write-protect), microseconds, best of

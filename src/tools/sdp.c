@@ -210,15 +210,21 @@ static void host_report(bool json, bool force, int az_mech)
 	sdp_calib_get_az(slot, force, &cal);
 	/* The AZ threshold: measured for the mechanism a process would use,
 	 * unless SDP_AZCOPY_THRESH (or the policy) gives one. */
-	int at;
-	uint32_t azt = sdp_calib_az_thresh(&cal, az_mech, &at);
+	struct sdp_az_choice w;
+	uint32_t azt = sdp_calib_az_thresh(&cal, az_mech, &w);
+	if (!w.thresh && cal.naz > 0) {          /* never: the largest size says why */
+		int i = cal.naz - 1;
+		w.below_pages = cal.az[i].bytes / 4096;
+		w.below_copy_us = cal.az[i].copy_us;
+		w.below_cycle_us = az_mech == AZ_MECH_UFFD ? cal.az[i].uffd_us :
+				   cal.az[i].mprotect_us;
+	}
 	const char *az_src = cal.faked ? "simulated" : cal.cached ? "cache" : "measured";
 	if (!sdp_tun.azcopy_auto) {
 		azt = sdp_tun.azcopy_thresh;
 		az_src = "SDP_AZCOPY_THRESH";
 	}
 	const char *az_mname = az_mech == AZ_MECH_UFFD ? "uffd" : "mprotect";
-#define AZ_CYC(i) (az_mech == AZ_MECH_UFFD ? cal.az[i].uffd_us : cal.az[i].mprotect_us)
 	const char *env = getenv("SDP_COPY");
 	const char *routine = cal.copy, *source = cal.faked ? "simulated" :
 			      cal.cached ? "cache" : "measured";
@@ -246,17 +252,19 @@ static void host_report(bool json, bool force, int az_mech)
 		/* The AZ threshold, the two costs that decided it (at the
 		 * threshold and the size below it) and every size measured. */
 		printf("\"az_threshold\": {\"threshold\": %u, \"source\": \"%s\", "
-		       "\"protect\": \"%s\", \"measured\": %u", azt, az_src, az_mname,
-		       sdp_calib_az_thresh(&cal, az_mech, NULL));
-		for (int k = 0; k < 2; k++) {
-			int i = k == 0 ? at : (at > 0 ? at - 1 : at < 0 ? cal.naz - 1 : -1);
-			if (i < 0)
-				printf(", \"%s\": null", k ? "below" : "at");
-			else
-				printf(", \"%s\": {\"bytes\": %u, \"copy_us\": %.2f, "
-				       "\"cycle_us\": %.2f}", k ? "below" : "at", cal.az[i].bytes,
-				       cal.az[i].copy_us, AZ_CYC(i));
-		}
+		       "\"protect\": \"%s\", \"measured\": %u", azt, az_src, az_mname, w.thresh);
+		if (w.at_pages)
+			printf(", \"at\": {\"pages\": %u, \"bytes\": %u, \"copy_us\": %.2f, "
+			       "\"cycle_us\": %.2f}", w.at_pages, w.at_pages * 4096, w.at_copy_us,
+			       w.at_cycle_us);
+		else
+			printf(", \"at\": null");
+		if (w.below_pages)
+			printf(", \"below\": {\"pages\": %u, \"bytes\": %u, \"copy_us\": %.2f, "
+			       "\"cycle_us\": %.2f}", w.below_pages, w.below_pages * 4096,
+			       w.below_copy_us, w.below_cycle_us);
+		else
+			printf(", \"below\": null");
 		printf(", \"sizes\": [");
 		for (int i = 0; i < cal.naz; i++)
 			printf("%s{\"bytes\": %u, \"copy_us\": %.2f, \"mprotect_us\": %.2f, "
@@ -276,16 +284,14 @@ static void host_report(bool json, bool force, int az_mech)
 	       cal.cma_gbps_same, cal.cma_gbps_shifted);
 	printf("%-20s %u bytes%s (%s", "azcopy_threshold", azt,
 	       azt ? "" : " (never: a copy costs less than protecting the pages)", az_src);
-	if (at >= 0)
-		printf("; %s: %u bytes copy %.1f us > cycle %.1f us", az_mname, cal.az[at].bytes,
-		       cal.az[at].copy_us, AZ_CYC(at));
-	int below = at > 0 ? at - 1 : at < 0 ? cal.naz - 1 : -1;
-	if (below >= 0)
-		printf("%s %u bytes copy %.1f us <= cycle %.1f us", at >= 0 ? "," : ";",
-		       cal.az[below].bytes, cal.az[below].copy_us, AZ_CYC(below));
+	if (w.at_pages)
+		printf("; %s: %u whole pages copy %.1f us > cycle %.1f us", az_mname, w.at_pages,
+		       w.at_copy_us, w.at_cycle_us);
+	if (w.below_pages)
+		printf("%s %u pages copy %.1f us <= cycle %.1f us", w.at_pages ? "," : ";",
+		       w.below_pages, w.below_copy_us, w.below_cycle_us);
 	printf(")\n");
 	printf("%-20s %s\n", "calibration_cache", cal.path);
-#undef AZ_CYC
 }
 
 /* A JSON string: quotes, backslashes and control characters escaped. */

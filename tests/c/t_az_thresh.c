@@ -6,11 +6,12 @@
  * at or above it is advertised asynchronously (tx_azcopy_bytes grows by
  * it). Hosts simulated with SDP_CALIB_FAKE "az=GBPS:FIXED_US:PAGE_US":
  *
- *   - copies at 20 GB/s, a cycle of 6 us + 0.05 us a page: 256 KiB
- *     (128 KiB: copy 6.6 us < cycle 7.6 us; 256 KiB: 13.1 us > 9.2 us);
- *   - 1 us + 0.01 us a page: 32 KiB;
+ *   - copies at 20 GB/s (0.2048 us a page), a cycle of 6 us + 0.05 us a
+ *     page: from 39 whole pages, 160 KiB (128 KiB goes synchronously,
+ *     256 KiB asynchronously);
+ *   - 1 us + 0.01 us a page: from 6 pages, 28 KiB (16 KiB / 64 KiB);
  *   - a cycle of 1 ms: never (a 1 MiB send stays synchronous);
- *   - the 256 KiB host with SDP_AZCOPY_THRESH=65536: the setting wins.
+ *   - the 160 KiB host with SDP_AZCOPY_THRESH=65536: the setting wins.
  *
  * Every byte is checked on the other side; under kernel TCP the same
  * program just moves the bytes.
