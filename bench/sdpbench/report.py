@@ -165,6 +165,29 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
     return out
 
 
+def _az_threshold_line(at: dict) -> str:
+    """The AZ threshold of `sdp check --json` (host.az_threshold) in words:
+    what was chosen, from where, and the copy and protection-cycle costs
+    that decided it."""
+    def kib(b):
+        return f"{b // 1024} KiB" if b % 1024 == 0 else f"{b} bytes"
+    th = at.get("threshold")
+    txt = ("AZ threshold (`SDP_AZCOPY_THRESH`): "
+           + (f"**{kib(th)}**" if th else "**never** (a copy costs less than protecting here)")
+           + f" ({at.get('source')}, protection by {at.get('protect')}")
+    if at.get("source") == "SDP_AZCOPY_THRESH":
+        m = at.get("measured")
+        txt += f"; measured here: {kib(m) if m else 'never'}"
+    for key, rel in (("at", ">"), ("below", "<=")):
+        c = at.get(key)
+        if c:
+            txt += (f"; {c['pages']} pages: copy {c['copy_us']:.1f} µs {rel} protect + "
+                    f"unprotect {c['cycle_us']:.1f} µs")
+    return txt + ("). A send of the threshold has one page more than the count where "
+                  "the copy costs more, whatever its alignment; smaller sends are "
+                  "synchronous (zero copy or Buffer Copy).")
+
+
 def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> str:
     rows = doc["rows"]
     m = doc["machine"]
@@ -200,6 +223,9 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
               f"zero-copy threshold {zc.get('threshold')} bytes; page-aliased zero copy "
               f"{zc.get('page_aliased')} (CMA 64 KiB {zc.get('cma_gbps_same_offset')} GB/s at "
               f"the same page offset, {zc.get('cma_gbps_shifted')} shifted)."]
+        at = h.get("az_threshold")
+        if at:
+            L += ["", _az_threshold_line(at)]
         az = h.get("azcopy")
         if az:
             L += ["", "Asynchronous Zero Copy on this host (`sdp check`, async_zero_copy): "

@@ -203,6 +203,12 @@ void az_sig_restore(void);
 
 /* ---- azsend.c: the send side --------------------------------------------- */
 
+/* Is a send (or receive) of n bytes at or above the AZ threshold in
+ * effect: SDP_AZCOPY_THRESH, or `auto` - measured once per host (calib.c),
+ * for the protection mechanism this process uses: the smallest size whose
+ * copy costs more than protecting and unprotecting its pages. */
+bool az_big_enough(size_t n);
+
 /* A send of total bytes from iov: advertise asynchronously what qualifies
  * and Buffer-copy the rest, in stream order. Returns the bytes sent, 0 if
  * AZ does not apply (the caller sends the usual way), or -errno. Caller

@@ -22,6 +22,7 @@
 #include <linux/userfaultfd.h>
 
 #include "sdp/az.h"
+#include "sdp/calib.h"
 #include "sdp/sys.h"
 #include "sdp/tunables.h"
 
@@ -83,6 +84,49 @@ static int uffd_wp(int fd, void *p, size_t len, bool on)
 		.mode = on ? UFFDIO_WRITEPROTECT_MODE_WP : 0,
 	};
 	return az_ioctl(fd, UFFDIO_WRITEPROTECT, &wp);
+}
+
+/* ---- the cycle at a given size (calib.c: the `auto` AZ threshold) ------- */
+
+double az_cycle_us(int mech, size_t len, int reps)
+{
+	len = (len + 4095) & ~(size_t)4095;
+	char *p = az_mmap(len);
+	if (p == MAP_FAILED)
+		return -1;
+	memset(p, 1, len);
+	double best = -1;
+	int fd = -1;
+	if (mech == AZ_MECH_UFFD) {
+		fd = az_uffd_open(NULL);
+		struct uffdio_register reg = {
+			.range = { (uintptr_t)p, len }, .mode = UFFDIO_REGISTER_MODE_WP,
+		};
+		if (fd < 0 || az_ioctl(fd, UFFDIO_REGISTER, &reg) < 0)
+			goto out;
+	}
+	/* One cycle first: the first protection splits the mapping. */
+	for (int r = -1; r < reps; r++) {
+		double t = now_us();
+		int bad;
+		if (mech == AZ_MECH_UFFD)
+			bad = uffd_wp(fd, p, len, true) | uffd_wp(fd, p, len, false);
+		else
+			bad = az_mprotect((uintptr_t)p, len, PROT_READ) |
+			      az_mprotect((uintptr_t)p, len, PROT_READ | PROT_WRITE);
+		t = now_us() - t;
+		if (bad) {
+			best = -1;
+			break;
+		}
+		if (r >= 0 && (best < 0 || t < best))
+			best = t;
+	}
+out:
+	if (fd >= 0)
+		sys_close(fd);
+	az_munmap(p, len);
+	return best;
 }
 
 /* ---- fault timing --------------------------------------------------------- */

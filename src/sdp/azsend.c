@@ -37,6 +37,7 @@
 #include <time.h>
 
 #include "sdp/az.h"
+#include "sdp/calib.h"
 #include "sdp/iov.h"
 #include "sdp/log.h"
 #include "sdp/pool.h"
@@ -682,10 +683,56 @@ static int advertise(struct sdp_conn *c, int fd, uintptr_t p, size_t n)
 	return 0;
 }
 
+/* The `auto` AZ threshold: per protection mechanism, from the per-host
+ * measurements (calib.c: a file read once they are cached). 0 = never. */
+static pthread_once_t thresh_once = PTHREAD_ONCE_INIT;
+static uint32_t thresh_mprotect, thresh_uffd, thresh_low;
+static _Atomic int thresh_mech = -1;     /* the one this process uses */
+
+static void thresh_resolve(void)
+{
+	struct sdp_calib cal;
+	sdp_calib_get_az(sdp_tun.slot_size, false, &cal);
+	thresh_mprotect = sdp_calib_az_thresh(&cal, AZ_MECH_MPROTECT, NULL);
+	thresh_uffd = sdp_calib_az_thresh(&cal, AZ_MECH_UFFD, NULL);
+	uint32_t m = thresh_mprotect ? thresh_mprotect : UINT32_MAX;
+	uint32_t u = thresh_uffd ? thresh_uffd : UINT32_MAX;
+	thresh_low = m < u ? m : u;
+	sdp_log(2, "asynchronous zero copy threshold (%s%s): %u bytes with mprotect, "
+		"%u with userfaultfd (0 = never: a copy costs less than protecting)",
+		cal.faked ? "simulated" : cal.cached ? "cached in " : "measured, cached in ",
+		cal.faked ? "" : cal.path, thresh_mprotect, thresh_uffd);
+}
+
+bool az_big_enough(size_t n)
+{
+	if (!sdp_tun.azcopy_auto)
+		return n >= sdp_tun.azcopy_thresh;
+	if (n < 4096)
+		return false;
+	pthread_once(&thresh_once, thresh_resolve);
+	/* Below both mechanisms' thresholds: no need to choose one yet (that
+	 * starts the progress thread). */
+	if (n < thresh_low)
+		return false;
+	int m = atomic_load_explicit(&thresh_mech, memory_order_relaxed);
+	if (m < 0) {
+		m = az_mech_default();
+		atomic_store(&thresh_mech, m);
+		uint32_t t = m == AZ_MECH_UFFD ? thresh_uffd : thresh_mprotect;
+		sdp_log(1, "asynchronous zero copy from %u bytes (%s, measured)%s", t,
+			m == AZ_MECH_UFFD ? "userfaultfd" : "mprotect",
+			t ? "" : ": never, a copy costs less than protecting the pages here");
+	}
+	uint32_t t = m == AZ_MECH_UFFD ? thresh_uffd : m == AZ_MECH_MPROTECT ?
+		     thresh_mprotect : 0;
+	return t && n >= t;
+}
+
 /* Does this send qualify, and how many advertisements may be out? */
 static uint32_t az_depth_for(struct sdp_conn *c, int fd, size_t total)
 {
-	if (!az_on() || total < sdp_tun.azcopy_thresh || !azc)
+	if (!az_on() || !azc || !az_big_enough(total))
 		return 0;
 	/* The peer tells whether it can read us (adv_max 0: it cannot). The
 	 * synchronous zero-copy threshold does not apply: what pays here is

@@ -13,14 +13,20 @@
  *      (rep movsb in the kernel on some CPUs), zero copy between aliased
  *      buffers goes through a bounce buffer at another offset (zcopy.c);
  *   3. the `auto` zero-copy threshold: where one CMA copy plus the
- *      zero-copy handshake becomes cheaper than two ring copies.
+ *      zero-copy handshake becomes cheaper than two ring copies;
+ *   4. for Asynchronous Zero Copy (only when it is on, and for `sdp
+ *      check`): at each size from 8 KiB to 4 MiB, the CMA copy of a
+ *      page-aligned buffer - what a synchronous send waits for - against a
+ *      protect + unprotect cycle of its pages by mprotect and by
+ *      userfaultfd - what an asynchronous send pays instead
+ *      (sdp_calib_az_thresh turns them into the `auto` AZ threshold).
  *
  * A few tens of milliseconds, then cached in a small text file keyed by
  * kernel release and CPU model:
  *   $SDP_CALIB_FILE, else $XDG_CACHE_HOME/sdp-calib, else
  *   ~/.cache/sdp-calib, else /tmp/sdp-calib.<uid>
- * This file uses no part of the library but copy.c, so `sdp check` links it
- * too.
+ * This file uses no part of the library but copy.c, the tunables and
+ * azcal.c (the protection cycle), so `sdp check` links it too.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -37,6 +43,7 @@
 
 #include "sdp/calib.h"
 #include "sdp/sys.h"
+#include "sdp/tunables.h"
 
 #define ZC_HANDSHAKE_NS 8000.0   /* SrcAvail, completion and the sender
 				  * noticing it between two sends, estimate */
@@ -213,6 +220,94 @@ static double time_bcopy(sdp_copy_fn f, char *dst, const char *src, char *ring,
 	return best;
 }
 
+/* 4.: what the AZ costs are measured with: the child holding src (page-
+ * aligned; dst is the receiver's buffer), or a simulated host's model. */
+struct az_meter {
+	pid_t  child;
+	char  *dst, *src;
+	bool   fake;
+	double gbps, fixed_us, page_us;    /* the model */
+};
+
+static double meter_copy(const struct az_meter *m, size_t n)
+{
+	if (m->fake)
+		return (double)n / (m->gbps * 1000);
+	time_cma(m->child, m->dst, m->src, n, 1);          /* warm */
+	double ns = time_cma(m->child, m->dst, m->src, n, 3);
+	return ns < 0 ? -1 : ns / 1000;
+}
+
+static double meter_cycle(const struct az_meter *m, int mech, size_t n)
+{
+	if (m->fake)
+		return m->fixed_us + m->page_us * (double)(n / 4096);
+	return az_cycle_us(mech, n, 3);
+}
+
+/* The smallest index of az[] from which on (to 4 MiB) the copy costs more
+ * than mech's cycle, or -1. */
+static int table_pick(const struct sdp_calib *c, int mech)
+{
+	int pick = -1;
+	for (int i = c->naz - 1; i >= 0; i--) {
+		double cyc = mech == 2 ? c->az[i].uffd_us : c->az[i].mprotect_us;
+		if (cyc < 0 || c->az[i].copy_us <= cyc)
+			break;
+		pick = i;
+	}
+	return pick;
+}
+
+static void measure_az(const struct az_meter *m, struct sdp_calib *o)
+{
+	o->naz = 0;
+	memset(o->az_fine, 0, sizeof o->az_fine);
+	for (int i = 0; i < SDP_CALIB_AZ_SIZES; i++) {
+		size_t n = (size_t)8192 << i;
+		double cp = meter_copy(m, n);
+		if (cp < 0)
+			return;
+		o->az[i].bytes = (uint32_t)n;
+		o->az[i].copy_us = cp;
+		o->az[i].mprotect_us = meter_cycle(m, 1, n);
+		o->az[i].uffd_us = meter_cycle(m, 2, n);
+		o->naz = i + 1;
+	}
+	/* Between the size below the table's pick and the pick, in pages:
+	 * the cycle need not grow with the pages (x86 flushes up to 33 pages
+	 * from the TLB one by one, more with one flush: in a VM 34 pages
+	 * cost a quarter of 33), so the doubling sizes may overshoot. */
+	for (int mech = 1; mech <= 2; mech++) {
+		int at = table_pick(o, mech);
+		if (at <= 0)
+			continue;
+		struct sdp_az_fine *f = &o->az_fine[mech];
+		f->lo_pages = o->az[at - 1].bytes / 4096;
+		f->hi_pages = o->az[at].bytes / 4096;
+		f->lo_copy_us = o->az[at - 1].copy_us;
+		f->hi_copy_us = o->az[at].copy_us;
+		f->lo_cycle_us = mech == 2 ? o->az[at - 1].uffd_us : o->az[at - 1].mprotect_us;
+		f->hi_cycle_us = mech == 2 ? o->az[at].uffd_us : o->az[at].mprotect_us;
+		while (f->hi_pages - f->lo_pages > 1) {
+			uint32_t mid = (f->lo_pages + f->hi_pages) / 2;
+			double cp = meter_copy(m, (size_t)mid * 4096);
+			double cy = meter_cycle(m, mech, (size_t)mid * 4096);
+			if (cp < 0 || cy < 0)
+				break;
+			if (cp > cy) {
+				f->hi_pages = mid;
+				f->hi_copy_us = cp;
+				f->hi_cycle_us = cy;
+			} else {
+				f->lo_pages = mid;
+				f->lo_copy_us = cp;
+				f->lo_cycle_us = cy;
+			}
+		}
+	}
+}
+
 /*
  * The sink reads the source as the peer's process would be read: a forked
  * child holds the source buffer. The threshold is the smallest size where
@@ -220,7 +315,8 @@ static double time_bcopy(sdp_copy_fn f, char *dst, const char *src, char *ring,
  * buffers bounce) is clearly cheaper than Buffer Copy; 0 if none up to
  * 8 MiB or if CMA is refused.
  */
-static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
+static void measure_cma(uint32_t slot_size, bool fake_cma, bool with_az,
+			struct sdp_calib *o)
 {
 	size_t max = 8u << 20;
 	char *a = aligned_alloc(4096, max + 8192), *b = aligned_alloc(4096, max + 8192);
@@ -256,6 +352,11 @@ static void measure_cma(uint32_t slot_size, bool fake_cma, struct sdp_calib *o)
 		o->cma_gbps_shifted = 65536 / shifted;
 	}
 	o->cma_alias = o->cma_gbps_same < 0.6 * o->cma_gbps_shifted;
+	if (with_az) {               /* at an offset zero copy reads directly */
+		struct az_meter m = { .child = child, .dst = b + (o->cma_alias ? 2064 : 16),
+				      .src = a };
+		measure_az(&m, o);
+	}
 	const struct sdp_copy_impl *ci = sdp_copy_find(o->copy);
 	sdp_copy_fn f = ci ? ci->fn : sdp_copy_impls(&(int){ 0 })[0].fn;
 	size_t piece = slot_size > 64 ? slot_size - 16 : 1024;
@@ -296,8 +397,8 @@ out:
 
 /* ---- fake numbers (tests) ----------------------------------------------- */
 
-/* "copy=libc:1.0,avx2:9.5;cma=1.2:5.1": returns which parts were given
- * (1: copy, 2: cma). */
+/* "copy=libc:1.0,avx2:9.5;cma=1.2:5.1;az=16:2:0.1": returns which parts
+ * were given (1: copy, 2: cma, 4: az). */
 static int parse_fake(const char *s, struct sdp_calib *o)
 {
 	int got = 0;
@@ -329,6 +430,15 @@ static int parse_fake(const char *s, struct sdp_calib *o)
 			   sscanf(part + 4, "%lf:%lf", &o->cma_gbps_same,
 				  &o->cma_gbps_shifted) == 2) {
 			got |= 2;
+		} else if (!strncmp(part, "az=", 3)) {
+			/* copies at GBPS, a cycle of FIXED_US + PAGE_US a page
+			 * by either mechanism */
+			struct az_meter m = { .fake = true };
+			if (sscanf(part + 3, "%lf:%lf:%lf", &m.gbps, &m.fixed_us,
+				   &m.page_us) == 3 && m.gbps > 0) {
+				measure_az(&m, o);
+				got |= 4;
+			}
 		}
 	}
 	return got;
@@ -336,9 +446,9 @@ static int parse_fake(const char *s, struct sdp_calib *o)
 
 /* ---- the cache file ----------------------------------------------------- */
 
-static bool cache_read(struct sdp_calib *o)
+static bool cache_read(struct sdp_calib *o, bool with_az)
 {
-	char buf[2048];
+	char buf[4096];
 	int fd = sys_open(o->path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
 		return false;
@@ -368,6 +478,21 @@ static bool cache_read(struct sdp_calib *o)
 			o->cma_ok = ok;
 			o->cma_alias = al;
 			have |= 16;
+		} else if (!strncmp(l, "az ", 3) && o->naz < SDP_CALIB_AZ_SIZES) {
+			int i = o->naz;
+			if (sscanf(l + 3, "%u %lf %lf %lf", &o->az[i].bytes, &o->az[i].copy_us,
+				   &o->az[i].mprotect_us, &o->az[i].uffd_us) != 4 ||
+			    o->az[i].bytes != 8192u << i)
+				return false;
+			o->naz++;
+		} else if (!strncmp(l, "az_fine ", 8)) {
+			int mech;
+			struct sdp_az_fine f;
+			if (sscanf(l + 8, "%d %u %lf %lf %u %lf %lf", &mech, &f.lo_pages,
+				   &f.lo_copy_us, &f.lo_cycle_us, &f.hi_pages, &f.hi_copy_us,
+				   &f.hi_cycle_us) == 7 && (mech == 1 || mech == 2) &&
+			    f.lo_pages < f.hi_pages)
+				o->az_fine[mech] = f;
 		} else if (!strncmp(l, "copy_gbps ", 10)) {
 			char *e = l + 10;
 			o->ncopy = 0;
@@ -384,7 +509,8 @@ static bool cache_read(struct sdp_calib *o)
 		}
 	}
 	const struct sdp_copy_impl *c = sdp_copy_find(o->copy);
-	return have == 31 && c && c->usable();
+	return have == 31 && c && c->usable() &&
+	       (!with_az || o->naz == SDP_CALIB_AZ_SIZES || !o->cma_ok);
 }
 
 static void cache_write(const struct sdp_calib *o)
@@ -396,7 +522,7 @@ static void cache_write(const struct sdp_calib *o)
 		*slash = 0;
 		mkdir(dir, 0700);
 	}
-	char out[2048];
+	char out[4096];
 	int n = snprintf(out, sizeof out, "%s\nhost %s\nzcopy_thresh %u\ncopy %s\n"
 			 "cma %d %d %.3f %.3f\ncopy_gbps", CALIB_MAGIC, o->host,
 			 o->zcopy_thresh, o->copy, o->cma_ok, o->cma_alias,
@@ -404,6 +530,18 @@ static void cache_write(const struct sdp_calib *o)
 	for (int i = 0; i < o->ncopy && n > 0 && (size_t)n < sizeof out; i++)
 		n += snprintf(out + n, sizeof out - (size_t)n, " %s %.3f",
 			      o->copy_speed[i].name, o->copy_speed[i].gbps);
+	for (int i = 0; i < o->naz && n > 0 && (size_t)n < sizeof out; i++)
+		n += snprintf(out + n, sizeof out - (size_t)n, "\naz %u %.3f %.3f %.3f",
+			      o->az[i].bytes, o->az[i].copy_us, o->az[i].mprotect_us,
+			      o->az[i].uffd_us);
+	for (int m = 1; m <= 2 && n > 0 && (size_t)n < sizeof out; m++) {
+		const struct sdp_az_fine *f = &o->az_fine[m];
+		if (f->hi_pages)
+			n += snprintf(out + n, sizeof out - (size_t)n,
+				      "\naz_fine %d %u %.3f %.3f %u %.3f %.3f", m, f->lo_pages,
+				      f->lo_copy_us, f->lo_cycle_us, f->hi_pages, f->hi_copy_us,
+				      f->hi_cycle_us);
+	}
 	if (n <= 0 || (size_t)n >= sizeof out - 2)
 		return;
 	out[n++] = '\n';
@@ -421,7 +559,7 @@ static void cache_write(const struct sdp_calib *o)
 		unlink(tmp);
 }
 
-void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
+static void calib_get(uint32_t slot_size, bool force, bool with_az, struct sdp_calib *o)
 {
 	memset(o, 0, sizeof *o);
 	cache_path(o->path, sizeof o->path);
@@ -429,14 +567,58 @@ void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
 	const char *fake = getenv("SDP_CALIB_FAKE");
 	int faked = fake && *fake ? parse_fake(fake, o) : 0;
 	o->faked = faked != 0;
-	if (!faked && !force && cache_read(o)) {
+	if (!faked && !force && cache_read(o, with_az)) {
 		o->cached = true;
 		return;
 	}
 	if (!(faked & 1))
 		measure_copy(slot_size, o);
 	choose_copy(o);
-	measure_cma(slot_size, faked & 2, o);
+	measure_cma(slot_size, faked & 2, with_az && !(faked & 4), o);
 	if (!faked)
 		cache_write(o);
+}
+
+void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *o)
+{
+	calib_get(slot_size, force, sdp_tun.azcopy != 0, o);
+}
+
+void sdp_calib_get_az(uint32_t slot_size, bool force, struct sdp_calib *o)
+{
+	calib_get(slot_size, force, true, o);
+}
+
+uint32_t sdp_calib_az_thresh(const struct sdp_calib *c, int mech, struct sdp_az_choice *why)
+{
+	struct sdp_az_choice w = { 0 };
+	int at = mech == 1 || mech == 2 ? table_pick(c, mech) : -1;
+	if (at >= 0) {
+		const struct sdp_az_fine *f = &c->az_fine[mech];
+		w.at_pages = c->az[at].bytes / 4096;
+		w.at_copy_us = c->az[at].copy_us;
+		w.at_cycle_us = mech == 2 ? c->az[at].uffd_us : c->az[at].mprotect_us;
+		if (at > 0) {
+			w.below_pages = c->az[at - 1].bytes / 4096;
+			w.below_copy_us = c->az[at - 1].copy_us;
+			w.below_cycle_us = mech == 2 ? c->az[at - 1].uffd_us :
+					   c->az[at - 1].mprotect_us;
+		}
+		/* The refinement, if it belongs to this pick. */
+		if (f->hi_pages && f->lo_pages >= w.below_pages && f->hi_pages <= w.at_pages &&
+		    f->lo_pages < f->hi_pages) {
+			w.at_pages = f->hi_pages;
+			w.at_copy_us = f->hi_copy_us;
+			w.at_cycle_us = f->hi_cycle_us;
+			w.below_pages = f->lo_pages;
+			w.below_copy_us = f->lo_copy_us;
+			w.below_cycle_us = f->lo_cycle_us;
+		}
+		/* A send of this many bytes has at_pages whole pages wherever
+		 * it starts (malloc'd buffers start 16 bytes into a page). */
+		w.thresh = (w.at_pages + 1) * 4096;
+	}
+	if (why)
+		*why = w;
+	return w.thresh;
 }

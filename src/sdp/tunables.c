@@ -27,6 +27,7 @@ struct sdp_tunables sdp_tun = {
 	.ofi_hello_ms = 500,
 	.ofi_provider_auto = 1,
 	.azcopy_thresh = 65536,
+	.azcopy_auto = 1,
 	.az_depth = 8,
 	.az_recv = 1,
 	.az_recv_max = 1u << 20,
@@ -153,11 +154,12 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .lo = 0, .hi = 1, .unit = "flag", .var = &sdp_tun.azcopy,
 	  .help = "1: Asynchronous Zero Copy - a large blocking send returns at once, "
 		  "its pages write-protected until the peer has read them" },
-	{ .env = "SDP_AZCOPY_THRESH", .set = "azcopy_thresh", .kind = SDP_TK_NUM,
-	  .def = "65536", .lo = 4096, .hi = 1u << 30, .unit = "bytes",
-	  .var = &sdp_tun.azcopy_thresh,
+	{ .env = "SDP_AZCOPY_THRESH", .set = "azcopy_thresh", .kind = SDP_TK_NUM_AUTO,
+	  .def = "auto", .lo = 4096, .hi = 1u << 30, .unit = "bytes",
+	  .var = &sdp_tun.azcopy_thresh, .is_auto = &sdp_tun.azcopy_auto,
 	  .help = "with SDP_AZCOPY=1: blocking sends and receives of at least this "
-		  "many bytes are asynchronous" },
+		  "many bytes are asynchronous; auto = measured once per host: the "
+		  "smallest size whose copy costs more than protecting its pages" },
 	{ .env = "SDP_AZ_FAULT", .set = "az_fault", .kind = SDP_TK_NAME, .def = "block",
 	  .unit = "name", .choices = "block, copy", .is_auto = &sdp_tun.az_fault_auto,
 	  .check = az_fault_check,
@@ -203,7 +205,7 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .def = "$XDG_CACHE_HOME/sdp-calib, ~/.cache/sdp-calib or /tmp/sdp-calib.UID",
 	  .unit = "path",
 	  .help = "cache of the per-host measurements (copy routine, zero-copy "
-		  "threshold, page-aliased zero copy)" },
+		  "threshold, page-aliased zero copy, AZ threshold)" },
 	{ .env = "SDP_POLICY_REPORTED", .kind = SDP_TK_TEXT, .def = "", .unit = "flag",
 	  .help = "1: do not report policy problems (sdp run sets it after "
 		  "reporting them once)" },

@@ -42,7 +42,9 @@ struct sdp_tunables {
 	/* Asynchronous Zero Copy (az.h) */
 	uint32_t azcopy;               /* 1: on */
 	uint32_t azcopy_thresh;        /* bytes: a blocking send at least this
-					* large advertises asynchronously */
+					* large advertises asynchronously
+					* (az_thresh(): the `auto` one resolved) */
+	uint32_t azcopy_auto;          /* 1: "auto" given: measured (calib.c) */
 	uint32_t az_fault;             /* 0 block-on-write, 1 copy-on-write */
 	uint32_t az_fault_auto;        /* "auto" given: block */
 	uint32_t az_depth;             /* asynchronous advertisements outstanding

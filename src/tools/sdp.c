@@ -202,12 +202,29 @@ static void policy_err(const char *msg, void *arg)
 
 /* The per-host choices of the library (calib.c): read from its cache, or
  * measured now (and cached) as the library would at its first connection. */
-static void host_report(bool json, bool force)
+static void host_report(bool json, bool force, int az_mech)
 {
 	struct sdp_calib cal;
 	const char *ss = getenv("SDP_SLOT_SIZE");
 	uint32_t slot = ss && atoi(ss) >= 1024 ? (uint32_t)atoi(ss) & ~63u : 32768;
-	sdp_calib_get(slot, force, &cal);
+	sdp_calib_get_az(slot, force, &cal);
+	/* The AZ threshold: measured for the mechanism a process would use,
+	 * unless SDP_AZCOPY_THRESH (or the policy) gives one. */
+	struct sdp_az_choice w;
+	uint32_t azt = sdp_calib_az_thresh(&cal, az_mech, &w);
+	if (!w.thresh && cal.naz > 0) {          /* never: the largest size says why */
+		int i = cal.naz - 1;
+		w.below_pages = cal.az[i].bytes / 4096;
+		w.below_copy_us = cal.az[i].copy_us;
+		w.below_cycle_us = az_mech == AZ_MECH_UFFD ? cal.az[i].uffd_us :
+				   cal.az[i].mprotect_us;
+	}
+	const char *az_src = cal.faked ? "simulated" : cal.cached ? "cache" : "measured";
+	if (!sdp_tun.azcopy_auto) {
+		azt = sdp_tun.azcopy_thresh;
+		az_src = "SDP_AZCOPY_THRESH";
+	}
+	const char *az_mname = az_mech == AZ_MECH_UFFD ? "uffd" : "mprotect";
 	const char *env = getenv("SDP_COPY");
 	const char *routine = cal.copy, *source = cal.faked ? "simulated" :
 			      cal.cached ? "cache" : "measured";
@@ -228,11 +245,32 @@ static void host_report(bool json, bool force)
 			printf("%s\"%s\": %.2f", i ? ", " : "", cal.copy_speed[i].name,
 			       cal.copy_speed[i].gbps);
 		printf("}}, \"zcopy\": {\"cma\": %s, \"threshold\": %u, \"page_aliased\": \"%s\", "
-		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, "
-		       "\"cache\": \"%s\"}, ",
+		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, ",
 		       cal.cma_ok ? "true" : "false", cal.zcopy_thresh,
 		       cal.cma_alias ? "bounce" : "direct", cal.cma_gbps_same,
-		       cal.cma_gbps_shifted, cal.path);
+		       cal.cma_gbps_shifted);
+		/* The AZ threshold, the two costs that decided it (at the
+		 * threshold and the size below it) and every size measured. */
+		printf("\"az_threshold\": {\"threshold\": %u, \"source\": \"%s\", "
+		       "\"protect\": \"%s\", \"measured\": %u", azt, az_src, az_mname, w.thresh);
+		if (w.at_pages)
+			printf(", \"at\": {\"pages\": %u, \"bytes\": %u, \"copy_us\": %.2f, "
+			       "\"cycle_us\": %.2f}", w.at_pages, w.at_pages * 4096, w.at_copy_us,
+			       w.at_cycle_us);
+		else
+			printf(", \"at\": null");
+		if (w.below_pages)
+			printf(", \"below\": {\"pages\": %u, \"bytes\": %u, \"copy_us\": %.2f, "
+			       "\"cycle_us\": %.2f}", w.below_pages, w.below_pages * 4096,
+			       w.below_copy_us, w.below_cycle_us);
+		else
+			printf(", \"below\": null");
+		printf(", \"sizes\": [");
+		for (int i = 0; i < cal.naz; i++)
+			printf("%s{\"bytes\": %u, \"copy_us\": %.2f, \"mprotect_us\": %.2f, "
+			       "\"uffd_us\": %.2f}", i ? ", " : "", cal.az[i].bytes,
+			       cal.az[i].copy_us, cal.az[i].mprotect_us, cal.az[i].uffd_us);
+		printf("]}, \"cache\": \"%s\"}, ", cal.path);
 		return;
 	}
 	printf("%-20s %s (kernel %.*s)\n", "host", model, (int)strcspn(cal.host, "|"), cal.host);
@@ -244,6 +282,15 @@ static void host_report(bool json, bool force)
 	       "offset, %.1f shifted)\n", "zcopy_threshold", cal.zcopy_thresh,
 	       cal.zcopy_thresh ? "" : " (never)", cal.cma_alias ? "bounced" : "direct",
 	       cal.cma_gbps_same, cal.cma_gbps_shifted);
+	printf("%-20s %u bytes%s (%s", "azcopy_threshold", azt,
+	       azt ? "" : " (never: a copy costs less than protecting the pages)", az_src);
+	if (w.at_pages)
+		printf("; %s: %u whole pages copy %.1f us > cycle %.1f us", az_mname, w.at_pages,
+		       w.at_copy_us, w.at_cycle_us);
+	if (w.below_pages)
+		printf("%s %u pages copy %.1f us <= cycle %.1f us", w.at_pages ? "," : ";",
+		       w.below_pages, w.below_copy_us, w.below_cycle_us);
+	printf(")\n");
 	printf("%-20s %s\n", "calibration_cache", cal.path);
 }
 
@@ -501,7 +548,7 @@ static int cmd_check(int argc, char **argv)
 		       az.choice == AZ_MECH_UFFD ? "uffd" : "mprotect", az.why,
 		       az.uffd_ok ? "true" : "false", az.mprotect_us, az.uffd_us,
 		       az.mprotect_fault_us, az.uffd_fault_us);
-		host_report(true, recal);
+		host_report(true, recal, az.choice);
 		tunables_report(true);
 		ofi_report(true);
 		printf(", \"checks\": {");
@@ -515,7 +562,7 @@ static int cmd_check(int argc, char **argv)
 		printf("%-20s      bcopy%s%s\n", "features",
 		       cma ? " zcopy" : " (zero copy unavailable: see cross_memory_attach)",
 		       ck[azk].ok ? " azcopy" : "");
-		host_report(false, recal);
+		host_report(false, recal, az.choice);
 		ofi_report(false);
 	}
 	return 0;

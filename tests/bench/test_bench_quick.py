@@ -84,6 +84,10 @@ def test_report_mentions_everything(run):
     host = doc["sdp_host"]
     assert host and host["copy"]["routine"]
     assert f"copy routine **{host['copy']['routine']}**" in text
+    # ... the AZ threshold too, with what decided it
+    at = host["az_threshold"]
+    assert at["source"] in ("measured", "cache", "simulated", "SDP_AZCOPY_THRESH")
+    assert "AZ threshold (`SDP_AZCOPY_THRESH`): **" in text
     assert "unpinned" in text or "pinned" in text
     assert "sdp bench" in text
 

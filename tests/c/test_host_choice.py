@@ -84,3 +84,43 @@ def test_page_aliased_zero_copy_bounces(tmp_path):
     err = _run("t_zc_alias", env)
     assert "page-aliased zero copy direct" in err
     assert re.findall(r"bounced (\d+) aliased", err) == ["0", "0"], err[-2000:]
+
+
+def test_az_threshold_simulated(tmp_path):
+    """The AZ threshold follows the simulated host's copy and protection
+    costs, `sdp check` reports it with the two costs that decided it, and
+    SDP_AZCOPY_THRESH overrides it (t_az_thresh: the sends follow it)."""
+    # copies at 20 GB/s (0.2048 us a page), a cycle of 6 us + 0.05 us a
+    # page: from 39 pages on (38.8), + 1 page for any alignment = 160 KiB
+    fake = "copy=libc:10;cma=20:20;az=20:6:0.05"
+    env = _env(tmp_path, SDP_CALIB_FAKE=fake)
+    env.pop("SDP_AZCOPY_THRESH", None)
+    az = _check_json(env)["az_threshold"]
+    assert az["threshold"] == 40 * 4096 and az["source"] == "simulated", az
+    assert az["at"]["pages"] == 39 and az["at"]["copy_us"] > az["at"]["cycle_us"], az
+    assert az["below"]["pages"] == 38, az
+    assert az["below"]["copy_us"] <= az["below"]["cycle_us"], az
+    assert [s["bytes"] for s in az["sizes"]] == [8192 << i for i in range(10)]
+    out = subprocess.run([str(SDP), "check"], env=env, capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert re.search(r"^azcopy_threshold\s+163840 bytes \(simulated", out, re.M), out
+    # a host where protecting never pays
+    az = _check_json(dict(env, SDP_CALIB_FAKE="copy=libc:10;cma=20:20;az=20:1000:0"))[
+        "az_threshold"]
+    assert az["threshold"] == 0 and az["at"] is None, az
+    # the setting wins over the measurement
+    az = _check_json(dict(env, SDP_AZCOPY_THRESH="65536"))["az_threshold"]
+    assert az["threshold"] == 65536 and az["source"] == "SDP_AZCOPY_THRESH", az
+    assert az["measured"] == 163840, az
+
+
+def test_az_threshold_measured_and_cached(tmp_path):
+    """On the real host: measured once, then read from the cache."""
+    env = _env(tmp_path)
+    env.pop("SDP_AZCOPY_THRESH", None)
+    first = _check_json(env)["az_threshold"]
+    assert len(first["sizes"]) == 10, first
+    assert all(s["copy_us"] > 0 and s["mprotect_us"] > 0 for s in first["sizes"]), first
+    again = _check_json(env)["az_threshold"]
+    assert again["source"] == "cache" and again["threshold"] == first["threshold"], again
+    assert "az 8192 " in (tmp_path / "calib").read_text()

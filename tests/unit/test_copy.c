@@ -4,7 +4,8 @@
  * every size from 0 to a few KiB and sampled sizes up to 300 KiB, at every
  * alignment of source and destination within 64 bytes (and the page-
  * aliased cases); and the calibration (src/sdp/calib.c) picks the routine a
- * simulated host prefers (SDP_CALIB_FAKE), libc on a tie within 10%.
+ * simulated host prefers (SDP_CALIB_FAKE), libc on a tie within 10%, and
+ * the AZ threshold a simulated host's copy and protection costs give.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,6 +53,76 @@ static void fake_pick(const char *fake, const char *want)
 	      cal.copy, want);
 }
 
+/* The AZ threshold of a host whose copies run at GBPS and whose protection
+ * cycle costs FIXED + PAGE microseconds a page: the crossing in pages (the
+ * doubling table narrowed by bisection), plus one page for alignment. */
+static void fake_az(const char *fake, uint32_t want_pages)
+{
+	setenv("SDP_CALIB_FAKE", fake, 1);
+	struct sdp_calib cal;
+	sdp_calib_get_az(32768, false, &cal);
+	for (int mech = 1; mech <= 2; mech++) {
+		struct sdp_az_choice w;
+		uint32_t t = sdp_calib_az_thresh(&cal, mech, &w);
+		uint32_t want = want_pages ? (want_pages + 1) * 4096 : 0;
+		CHECK(t == want && w.thresh == t, "fake \"%s\" mech %d: AZ threshold %u, "
+		      "expected %u", fake, mech, t, want);
+		if (want) {
+			CHECK(w.at_pages == want_pages && w.at_copy_us > w.at_cycle_us,
+			      "fake \"%s\": at %u pages", fake, w.at_pages);
+			CHECK(w.below_pages == 0 || (w.below_pages == want_pages - 1 &&
+						     w.below_copy_us <= w.below_cycle_us),
+			      "fake \"%s\": below %u pages", fake, w.below_pages);
+		}
+	}
+}
+
+static void az_choice(void)
+{
+	/* 0.2048 us a page of copy against 6 + 0.05 a page: from 39 pages
+	 * (38.8); the doubling sizes alone would say 64 (256 KiB) */
+	fake_az("copy=libc:5;cma=5:5;az=20:6:0.05", 39);
+	fake_az("copy=libc:5;cma=5:5;az=20:1:0.01", 6);            /* 5.1 -> 6 */
+	fake_az("copy=libc:5;cma=5:5;az=20:0:0", 2);               /* free: the smallest */
+	fake_az("copy=libc:5;cma=5:5;az=20:1000:0", 0);            /* never pays */
+	fake_az("copy=libc:5;cma=5:5;az=20:0:0.5", 0);             /* a page: 0.5 > 0.2 us */
+	/* A host like the 2-vCPU VM this was written on: a cycle of 32 pages
+	 * (each flushed from the TLB on its own) costs more than one of 64
+	 * (a whole flush); copies win from 256 KiB on, and a cheaper cycle at
+	 * one small size alone does not lower the threshold. */
+	static const double vm[][3] = {
+		{ 0.8, 4.1, 0.7 }, { 1.1, 4.8, 3.1 }, { 2.1, 6.1, 4.5 }, { 3.7, 8.9, 7.2 },
+		{ 7.0, 14.6, 12.5 }, { 13.2, 5.4, 4.6 }, { 26.8, 9.2, 8.2 },
+		{ 76.6, 15.2, 14.6 }, { 207.6, 27.2, 27.7 }, { 494.9, 53.7, -1 },
+	};
+	struct sdp_calib c = { .naz = SDP_CALIB_AZ_SIZES };
+	for (int i = 0; i < SDP_CALIB_AZ_SIZES; i++) {
+		c.az[i].bytes = 8192u << i;
+		c.az[i].copy_us = vm[i][0];
+		c.az[i].mprotect_us = vm[i][1];
+		c.az[i].uffd_us = vm[i][2];
+	}
+	struct sdp_az_choice w;
+	CHECK(sdp_calib_az_thresh(&c, 1, &w) == 65 * 4096 && w.at_pages == 64 &&
+	      w.below_pages == 32, "VM host, mprotect: %u", w.thresh);
+	/* ... narrowed: the crossing is between 33 and 34 pages */
+	c.az_fine[1] = (struct sdp_az_fine){ 33, 34, 7.2, 13.6, 7.4, 3.3 };
+	CHECK(sdp_calib_az_thresh(&c, 1, &w) == 35 * 4096 && w.at_pages == 34 &&
+	      w.below_pages == 33 && w.at_cycle_us == 3.3, "VM host refined: %u", w.thresh);
+	/* a refinement outside the pick's interval is not this pick's */
+	c.az_fine[1] = (struct sdp_az_fine){ 3, 4, 1, 2, 1, 0.5 };
+	CHECK(sdp_calib_az_thresh(&c, 1, &w) == 65 * 4096, "stale refinement: %u", w.thresh);
+	/* uffd: cheaper than the copy at 8 KiB, then dearer up to 128 KiB,
+	 * and unavailable at 4 MiB: never. */
+	CHECK(sdp_calib_az_thresh(&c, 2, &w) == 0 && w.at_pages == 0, "VM host, uffd: %u",
+	      w.thresh);
+	c.az[9].uffd_us = 50;
+	CHECK(sdp_calib_az_thresh(&c, 2, NULL) == 65 * 4096, "VM host, uffd: %u",
+	      sdp_calib_az_thresh(&c, 2, NULL));
+	c.naz = 0;
+	CHECK(sdp_calib_az_thresh(&c, 1, &w) == 0, "nothing measured");
+}
+
 int main(void)
 {
 	unsigned char *src = aligned_alloc(4096, AREA), *dst = aligned_alloc(4096, AREA);
@@ -96,6 +167,7 @@ int main(void)
 	setenv("SDP_CALIB_FAKE", "copy=libc:5;cma=5:5.1", 1);
 	sdp_calib_get(32768, false, &cal);
 	CHECK(!cal.cma_alias, "CMA 5 vs 5.1 GB/s: no bounce");
+	az_choice();
 	free(src);
 	free(dst);
 	if (fails)
