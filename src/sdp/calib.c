@@ -47,7 +47,7 @@
 
 #define ZC_HANDSHAKE_NS 8000.0   /* SrcAvail, completion and the sender
 				  * noticing it between two sends, estimate */
-#define CALIB_MAGIC "sdp-calib 2"
+#define CALIB_MAGIC "sdp-calib 3"   /* 3: az_fine lines (a cache without them is measured again) */
 
 static double now_ns(void)
 {
