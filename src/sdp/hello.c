@@ -92,17 +92,41 @@ int rv_key_of(const struct sockaddr *sa, socklen_t len, struct key *k)
 	return key_of(sa, len, k);
 }
 
+/* Decimal digits of v at p; returns the end. */
+static char *put_dec(char *p, unsigned v)
+{
+	char t[10];
+	int n = 0;
+	do
+		t[n++] = (char)('0' + v % 10);
+	while ((v /= 10) != 0);
+	while (n)
+		*p++ = t[--n];
+	return p;
+}
+
+/* "sdp1.<uid>.<family>.<port>.<address in hex>" (PROTOCOL.md section 2),
+ * formatted by hand: a client builds one per candidate per connect. */
 static socklen_t rv_name(struct sockaddr_un *un, uid_t uid, const struct key *k)
 {
+	static const char hex[] = "0123456789abcdef";
 	memset(un, 0, sizeof *un);
 	un->sun_family = AF_UNIX;
 	char *p = un->sun_path + 1;       /* abstract namespace */
-	int n = snprintf(p, sizeof un->sun_path - 1, "sdp1.%u.%u.%u.",
-			 (unsigned)uid, (unsigned)k->family, (unsigned)ntohs(k->port));
+	memcpy(p, "sdp1.", 5);
+	p = put_dec(p + 5, (unsigned)uid);
+	*p++ = '.';
+	p = put_dec(p, (unsigned)k->family);
+	*p++ = '.';
+	p = put_dec(p, (unsigned)ntohs(k->port));
+	*p++ = '.';
 	int alen = k->family == AF_INET ? 4 : 16;
-	for (int i = 0; i < alen; i++)
-		n += snprintf(p + n, sizeof un->sun_path - 1 - (size_t)n, "%02x", k->addr[i]);
-	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	for (int i = 0; i < alen; i++) {
+		*p++ = hex[k->addr[i] >> 4];
+		*p++ = hex[k->addr[i] & 15];
+	}
+	/* at most 5 + 3 * 11 + 32 = 70 characters: sun_path holds 107 */
+	return (socklen_t)(p - (char *)un);
 }
 
 socklen_t rv_name_of(struct sockaddr_un *un, uid_t uid, const struct key *k)
