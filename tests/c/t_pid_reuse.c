@@ -147,32 +147,51 @@ static int client(void)
 	return 0;
 }
 
-int main(void)
+/* Wait for pid; its exit status (a signal fails the test). */
+static int status_of(pid_t pid)
 {
-	tl_watchdog(40);
-	if (unshare(CLONE_NEWPID) < 0) {
-		printf("skip: no pid namespace (%s): needs CAP_SYS_ADMIN\n", strerror(errno));
-		return 77;
-	}
-	fflush(NULL);
-	pid_t init = fork();
-	if (init < 0)
-		TL_FAIL("fork");
-	if (init == 0) {
-		if (set_last_pid(1) < 0) {
-			printf("skip: ns_last_pid not writable (%s)\n", strerror(errno));
-			_exit(77);
-		}
-		_exit(client());
-	}
 	int st;
 	pid_t r;
 	do
-		r = waitpid(init, &st, 0);
+		r = waitpid(pid, &st, 0);
 	while (r < 0 && errno == EINTR);
-	if (r != init)
+	if (r != pid)
 		TL_FAIL("waitpid");
 	if (WIFSIGNALED(st))
-		TL_FAIL("the namespace's first process: signal %d", WTERMSIG(st));
+		TL_FAIL("process %d: signal %d", (int)pid, WTERMSIG(st));
 	return WEXITSTATUS(st);
+}
+
+/* The namespace is made by a child of ours (its children are the
+ * namespace's processes), not by this process: a process whose new
+ * children would go into a namespace already gone cannot fork again (a
+ * leak checker at our exit must). Every process of the namespace ends
+ * with _exit. */
+int main(void)
+{
+	tl_watchdog(40);
+	fflush(NULL);
+	pid_t maker = fork();
+	if (maker < 0)
+		TL_FAIL("fork");
+	if (maker == 0) {
+		if (unshare(CLONE_NEWPID) < 0) {
+			printf("skip: no pid namespace (%s): needs CAP_SYS_ADMIN\n",
+			       strerror(errno));
+			_exit(77);
+		}
+		fflush(NULL);
+		pid_t init = fork();
+		if (init < 0)
+			TL_FAIL("fork");
+		if (init == 0) {
+			if (set_last_pid(1) < 0) {
+				printf("skip: ns_last_pid not writable (%s)\n", strerror(errno));
+				_exit(77);
+			}
+			_exit(client());
+		}
+		_exit(status_of(init));
+	}
+	return status_of(maker);
 }
