@@ -282,8 +282,9 @@ _Static_assert(sizeof(struct shm_link_page) <= SHM_LINK_SIZE, "link page fits");
 
 /* shm_link.c: the links of this process. */
 /* shm_link_offer: 0 no link, else the SHM_OFFER_LINK* flag to set. */
-int  shm_link_offer(struct fab_ep *ep, int32_t peer, struct fab_offer *o, uint64_t *id);
-void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id);
+int  shm_link_offer(struct fab_ep *ep, int32_t peer, int32_t me, struct fab_offer *o,
+		    uint64_t *id);
+void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id, int32_t me);
 void shm_link_put(struct fab_ep *ep);
 int  shm_link_kick(struct fab_ep *ep, unsigned q);   /* 1: news sent; <0: no link */
 int  shm_q_bind(struct fab_ep *ep, uint32_t key);

@@ -43,6 +43,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fabric/shm_layout.h"
@@ -69,7 +70,18 @@ struct shm_link {                  /* process-private, copied by fork */
 					* (SE(ep)->link): reused only at 0 */
 	uint32_t gen;                  /* bumped each time the entry is filled:
 					* a queue id names one filling (q_id) */
+	int32_t  taker;                /* side 0: the accepting owner last seen
+					* alive (owner[1]), 0: not yet looked */
+	uint64_t taker_ns;             /* when (CLOCK_MONOTONIC ns); looked at
+					* again SHM_LINK_RECHECK_NS later */
 };
+
+/* How long a connecting side trusts that the accepting process which took
+ * a link is still alive (one kill(pid, 0) per link and period, not per
+ * connection). A taker that died meanwhile costs the connections of that
+ * period their link: the peer's next owner cannot use a link only named
+ * (SHM_OFFER_LINK_ID), so their wake-ups are tokens. */
+#define SHM_LINK_RECHECK_NS 100000000ull
 
 static struct shm_link links[SHM_LINKS];
 static pthread_mutex_t links_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -88,6 +100,13 @@ static void lock(void)
 static void unlock(void) { pthread_mutex_unlock(&links_lock); }
 
 static int32_t self(void) { return (int32_t)syscall(SYS_getpid); }
+
+static uint64_t mono_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static bool gone(int32_t pid)
 {
@@ -142,8 +161,9 @@ static void drop(struct shm_link *k)
 	k->pg = NULL;
 }
 
-/* A free entry; one whose peer or owner is gone is reused. Locked. */
-static struct shm_link *entry(void)
+/* A free entry; one whose peer or owner is gone is reused (me: our pid).
+ * Locked. */
+static struct shm_link *entry(int32_t me)
 {
 	struct shm_link *reuse = NULL;
 	for (int i = 0; i < SHM_LINKS; i++) {
@@ -151,11 +171,11 @@ static struct shm_link *entry(void)
 		if (!k->pg)
 			return k;
 		if (!reuse && !k->users &&
-		    (atomic_load(&k->dead) || k->owner != self() ||
+		    (atomic_load(&k->dead) || k->owner != me ||
 		     (k->side == 0 && gone(k->peer))))
 			reuse = k;
 	}
-	if (reuse && reuse->owner == self())
+	if (reuse && reuse->owner == me)
 		drop(reuse);
 	else if (reuse)
 		reuse->pg = NULL;             /* a parent's: its descriptors are
@@ -178,10 +198,10 @@ static int memfd_link(void)
 	return fd;
 }
 
-/* A new link to process peer. Locked. */
-static struct shm_link *link_new(int32_t peer)
+/* A new link to process peer (me: our pid). Locked. */
+static struct shm_link *link_new(int32_t peer, int32_t me)
 {
-	struct shm_link *k = entry();
+	struct shm_link *k = entry(me);
 	if (!k)
 		return NULL;
 	int sv[2] = { -1, -1 };
@@ -204,10 +224,10 @@ static struct shm_link *link_new(int32_t peer)
 	pg->magic = SHM_LINK_MAGIC;
 	pg->version = SHM_LINK_VERSION;
 	if (getrandom(&pg->id, sizeof pg->id, GRND_NONBLOCK) != sizeof pg->id)
-		pg->id = (uint64_t)self() << 32 ^ (uint64_t)(uintptr_t)pg;
-	atomic_store(&pg->owner[0], self());
+		pg->id = (uint64_t)me << 32 ^ (uint64_t)(uintptr_t)pg;
+	atomic_store(&pg->owner[0], me);
 	uint32_t gen = k->gen + 1;
-	*k = (struct shm_link){ .pg = pg, .side = 0, .owner = self(), .peer = peer,
+	*k = (struct shm_link){ .pg = pg, .side = 0, .owner = me, .peer = peer,
 				.sock = high(sv[0]), .memfd = high(mfd),
 				.peer_end = high(sv[1]) };
 	k->gen = gen;
@@ -219,11 +239,18 @@ static struct shm_link *link_new(int32_t peer)
 	return k;
 }
 
-/* The connecting side's offer: add the link with peer (made at the first
- * connection to it) - its page's memfd and the peer's end - so that the
- * connection's wake-ups can go through it. No link (out of descriptors or
- * entries): the connection is offered without one. */
-int shm_link_offer(struct fab_ep *ep, int32_t peer, struct fab_offer *o, uint64_t *id)
+/* The connecting side's offer (me: our pid, fab_setup's): add the link
+ * with peer (made at the first connection to it) - its page's memfd and the
+ * peer's end - so that the connection's wake-ups can go through it. No link
+ * (out of descriptors or entries): the connection is offered without one.
+ *
+ * What is checked per connection is only what the offer hands over: our
+ * descriptors (fds_ours) when they go with the hello; a link only named
+ * passes none, and kick and pop check them before each use. Whether the
+ * peer's process that took the link is alive is looked at once per
+ * SHM_LINK_RECHECK_NS, not per connection. */
+int shm_link_offer(struct fab_ep *ep, int32_t peer, int32_t me, struct fab_offer *o,
+		   uint64_t *id)
 {
 	SE(ep)->link = -1;
 	if (peer <= 0 || o->nfds != 1)
@@ -232,28 +259,36 @@ int shm_link_offer(struct fab_ep *ep, int32_t peer, struct fab_offer *o, uint64_
 	struct shm_link *k = NULL;
 	for (int i = 0; i < SHM_LINKS && !k; i++) {
 		struct shm_link *c = &links[i];
-		if (c->pg && c->side == 0 && c->peer == peer && c->owner == self() &&
-		    !atomic_load(&c->dead)) {
-			if (fds_ours(c))
-				k = c;
-			else
-				atomic_store(&c->dead, true);   /* a new one below */
-		}
+		if (c->pg && c->side == 0 && c->peer == peer && c->owner == me &&
+		    !atomic_load(&c->dead))
+			k = c;
 	}
-	if (!k)
-		k = link_new(peer);
 	int flag = 0;
-	if (k) {
-		SE(ep)->link = (int32_t)(k - links);
-		k->users++;
-		*id = k->pg->id;
+	for (int round = 0; round < 2; round++) {
+		if (!k)
+			k = link_new(peer, me);
+		if (!k)
+			break;
 		/* The descriptors go with our hellos until a process of the
 		 * peer has taken the link or declined it; a taker that died
 		 * leaves it to the next one. */
 		int32_t o1 = atomic_load(&k->pg->owner[1]);
-		if (o1 > 0 && gone(o1) &&
-		    atomic_compare_exchange_strong(&k->pg->owner[1], &o1, 0))
-			o1 = 0;
+		if (o1 > 0) {
+			uint64_t now = mono_ns();
+			if (o1 != k->taker || now - k->taker_ns >= SHM_LINK_RECHECK_NS) {
+				if (gone(o1) &&
+				    atomic_compare_exchange_strong(&k->pg->owner[1], &o1, 0))
+					o1 = 0;
+				else
+					k->taker = o1;
+				k->taker_ns = now;
+			}
+		}
+		if (o1 == 0 && !fds_ours(k)) {
+			atomic_store(&k->dead, true);   /* a new one */
+			k = NULL;
+			continue;
+		}
 		if (o1 == 0) {
 			o->fds[1] = k->memfd;
 			o->fds[2] = k->peer_end;
@@ -262,6 +297,10 @@ int shm_link_offer(struct fab_ep *ep, int32_t peer, struct fab_offer *o, uint64_
 		} else if (o1 > 0) {
 			flag = SHM_OFFER_LINK_ID;
 		}
+		SE(ep)->link = (int32_t)(k - links);
+		k->users++;
+		*id = k->pg->id;
+		break;
 	}
 	unlock();
 	return flag;
@@ -269,11 +308,13 @@ int shm_link_offer(struct fab_ep *ep, int32_t peer, struct fab_offer *o, uint64_
 
 /* ---- accepting side -------------------------------------------------------- */
 
-/* The accepting side: the offer carries a link (o->fds[1], o->fds[2]).
- * The link already ours: use it. New: map and check its page, and become
- * the owner of our side if nobody (alive) is. Not ours to use: the
- * connection's wake-ups are tokens. The engine closes o->fds afterwards. */
-void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id)
+/* The accepting side (me: our pid, fab_setup's): the offer carries a link
+ * (o->fds[1], o->fds[2]). The link already ours: use it. New: map and check
+ * its page, and become the owner of our side if nobody (alive) is. Not ours
+ * to use: the connection's wake-ups are tokens. The engine closes o->fds
+ * afterwards. A link only named hands nothing over: its descriptor is
+ * checked by kick and pop before each use, not here. */
+void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id, int32_t me)
 {
 	SE(ep)->link = -1;
 	if (o->nfds == 1) {
@@ -281,8 +322,8 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id)
 		lock();
 		for (int i = 0; i < SHM_LINKS; i++) {
 			struct shm_link *k = &links[i];
-			if (k->pg && k->side == 1 && k->pg->id == id && k->owner == self() &&
-			    !atomic_load(&k->dead) && fds_ours(k)) {
+			if (k->pg && k->side == 1 && k->pg->id == id && k->owner == me &&
+			    !atomic_load(&k->dead)) {
 				SE(ep)->link = i;
 				k->users++;
 				break;
@@ -298,7 +339,7 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id)
 	for (int i = 0; i < SHM_LINKS; i++) {
 		struct shm_link *k = &links[i];
 		if (k->pg && k->side == 1 && k->dev == dev && k->ino == ino) {
-			if (k->owner == self() && !atomic_load(&k->dead) && fds_ours(k)) {
+			if (k->owner == me && !atomic_load(&k->dead) && fds_ours(k)) {
 				SE(ep)->link = i;
 				k->users++;
 			}
@@ -326,8 +367,8 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id)
 	if (pg->magic == SHM_LINK_MAGIC && pg->version == SHM_LINK_VERSION &&
 	    sys_getsockopt(o->fds[2], SOL_SOCKET, SO_TYPE, &so_type, &sl) == 0 &&
 	    pg->id == id && so_type == SOCK_SEQPACKET && (cur == 0 || gone(cur)) &&
-	    atomic_compare_exchange_strong(&pg->owner[1], &cur, self()))
-		k = entry();
+	    atomic_compare_exchange_strong(&pg->owner[1], &cur, me))
+		k = entry(me);
 	int sock = k ? sys_fcntl(o->fds[2], F_DUPFD_CLOEXEC, SHM_LINK_FD_MIN) : -1;
 	/* Near the descriptor limit the link's descriptor would take one
 	 * the application needs (a server at its limit would refuse every
@@ -346,7 +387,7 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id)
 		return;
 	}
 	uint32_t gen = k->gen + 1;
-	*k = (struct shm_link){ .pg = pg, .side = 1, .owner = self(), .sock = sock,
+	*k = (struct shm_link){ .pg = pg, .side = 1, .owner = me, .sock = sock,
 				.memfd = -1, .peer_end = -1, .dev = dev, .ino = ino };
 	k->gen = gen;
 	k->sock_ino = ino_of(sock, NULL);

@@ -412,7 +412,7 @@ int shm_ep_offer(struct fab_ep *ep, const struct fab_setup *s, struct fab_offer 
 	side_init(ep, s);
 	so.region_pg = (uint32_t)(off / 4096);
 	o->nfds = 1;
-	so.flags |= (uint32_t)shm_link_offer(ep, s->peer_pid, o, &so.link_id);
+	so.flags |= (uint32_t)shm_link_offer(ep, s->peer_pid, s->pid, o, &so.link_id);
 	o->len = sizeof so;
 	memcpy(o->data, &so, sizeof so);
 	return 0;
@@ -603,7 +603,7 @@ int shm_ep_accept(struct fab_ep *ep, const struct fab_setup *s, const struct fab
 	}
 	side_init(ep, s);
 	if (so.flags & (SHM_OFFER_LINK | SHM_OFFER_LINK_ID))
-		shm_link_accept(ep, o, so.link_id);
+		shm_link_accept(ep, o, so.link_id, s->pid);
 	return r;
 }
 

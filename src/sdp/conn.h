@@ -371,9 +371,11 @@ int  sdp_listener_pending(const struct sdp_listener *l);
  * *refuse < 0: the client said hello but cannot be served (-errno, *why
  * says why): reset the connection rather than keep it TCP on our side
  * only. *refuse > 0: an internal connection (a listener joining the
- * SO_REUSEPORT group woke us with it): close it unseen. */
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
-				  const char **why);
+ * SO_REUSEPORT group woke us with it): close it unseen. peer: the
+ * client's address as accept() returned it, or NULL (then asked). */
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
+				  const struct sockaddr *peer, socklen_t peer_len,
+				  int *refuse, const char **why);
 /* Before connect(fd, dst): if an SDP listener serves dst, send it a hello
  * and return the new connection (state CONNECTING); NULL means plain TCP. */
 struct sdp_connect_state {

@@ -92,17 +92,41 @@ int rv_key_of(const struct sockaddr *sa, socklen_t len, struct key *k)
 	return key_of(sa, len, k);
 }
 
+/* Decimal digits of v at p; returns the end. */
+static char *put_dec(char *p, unsigned v)
+{
+	char t[10];
+	int n = 0;
+	do
+		t[n++] = (char)('0' + v % 10);
+	while ((v /= 10) != 0);
+	while (n)
+		*p++ = t[--n];
+	return p;
+}
+
+/* "sdp1.<uid>.<family>.<port>.<address in hex>" (PROTOCOL.md section 2),
+ * formatted by hand: a client builds one per candidate per connect. */
 static socklen_t rv_name(struct sockaddr_un *un, uid_t uid, const struct key *k)
 {
+	static const char hex[] = "0123456789abcdef";
 	memset(un, 0, sizeof *un);
 	un->sun_family = AF_UNIX;
 	char *p = un->sun_path + 1;       /* abstract namespace */
-	int n = snprintf(p, sizeof un->sun_path - 1, "sdp1.%u.%u.%u.",
-			 (unsigned)uid, (unsigned)k->family, (unsigned)ntohs(k->port));
+	memcpy(p, "sdp1.", 5);
+	p = put_dec(p + 5, (unsigned)uid);
+	*p++ = '.';
+	p = put_dec(p, (unsigned)k->family);
+	*p++ = '.';
+	p = put_dec(p, (unsigned)ntohs(k->port));
+	*p++ = '.';
 	int alen = k->family == AF_INET ? 4 : 16;
-	for (int i = 0; i < alen; i++)
-		n += snprintf(p + n, sizeof un->sun_path - 1 - (size_t)n, "%02x", k->addr[i]);
-	return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)n);
+	for (int i = 0; i < alen; i++) {
+		*p++ = hex[k->addr[i] >> 4];
+		*p++ = hex[k->addr[i] & 15];
+	}
+	/* at most 5 + 3 * 11 + 32 = 70 characters: sun_path holds 107 */
+	return (socklen_t)(p - (char *)un);
 }
 
 socklen_t rv_name_of(struct sockaddr_un *un, uid_t uid, const struct key *k)
@@ -161,6 +185,12 @@ int sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listene
 	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (l->rv < 0)
 		goto fail;
+	/* Each hello then carries its sender's credentials (take_hello): no
+	 * SO_PEERCRED call per connection. Without it, that call. */
+	int pc = 1;
+	if (sys_setsockopt(l->rv, SOL_SOCKET, SO_PASSCRED, &pc, sizeof pc) < 0)
+		sdp_log(2, "rendezvous: no SO_PASSCRED (%s): SO_PEERCRED per hello",
+			strerror(errno));
 	if (sys_bind(l->rv, &l->name, l->namelen) < 0 || sys_listen(l->rv, 4096) < 0) {
 		sdp_why("rendezvous not published: %s", errno == EADDRINUSE ?
 			"its name is taken (another listener of this user on the "
@@ -328,9 +358,11 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 		      int *conn, uint64_t *since)
 {
 	struct sdp_hello_back b;
-	/* Room for more descriptors than an offer carries: every one
-	 * received is closed unless the hello is well-formed. */
-	union { struct cmsghdr c; char buf[CMSG_SPACE(8 * sizeof(int))]; } u;
+	/* Room for more descriptors than an offer carries (every one
+	 * received is closed unless the hello is well-formed), and for the
+	 * sender's credentials (SO_PASSCRED on the rendezvous). */
+	union { struct cmsghdr c;
+		char buf[CMSG_SPACE(8 * sizeof(int)) + CMSG_SPACE(sizeof(struct ucred))]; } u;
 	struct iovec iov = { &b, sizeof b };
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1,
 			    .msg_control = u.buf, .msg_controllen = sizeof u.buf };
@@ -340,8 +372,16 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 		return 0;
 	int fds[FAB_OFFER_FDS];
 	unsigned kept = 0, nfds = 0;          /* descriptors kept, received */
+	struct ucred cr;
+	bool have_cr = false;                 /* cr from SCM_CREDENTIALS */
 	for (struct cmsghdr *cm = n >= 0 ? CMSG_FIRSTHDR(&m) : NULL; cm;
 	     cm = CMSG_NXTHDR(&m, cm)) {
+		if (cm->cmsg_level == SOL_SOCKET && cm->cmsg_type == SCM_CREDENTIALS &&
+		    cm->cmsg_len == CMSG_LEN(sizeof cr)) {
+			memcpy(&cr, CMSG_DATA(cm), sizeof cr);
+			have_cr = true;
+			continue;
+		}
 		if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS)
 			continue;
 		size_t k = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -357,11 +397,20 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 	}
 	struct sdp_hello h = b.h;
 	bool back = h.flags & SDP_HELLO_RETURNED;
-	struct ucred cr;
 	socklen_t cl = sizeof cr;
 	bool named = n >= (ssize_t)sizeof h && h.magic == SDP_HELLO_MAGIC &&
 		     hello_keys(&h, tl, tp);
-	bool ours = named && sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0 &&
+	/* Whose is it: the credentials the kernel attached to the record
+	 * (SO_PASSCRED, set on the rendezvous and inherited by its
+	 * connections) when they name the listener's uid and a process -
+	 * the kernel lets a sender claim only a uid it holds (real,
+	 * effective or saved), so such a sender can act as that uid anyway.
+	 * Otherwise (none attached, or another uid: the kernel's default is
+	 * the real uid, a set-uid client's effective one is what counts)
+	 * the connection's SO_PEERCRED, as before. */
+	bool cred_ok = have_cr && cr.uid == l->uid && cr.pid > 0;
+	bool ours = named && (back || cred_ok ||
+			      sys_getsockopt(s, SOL_SOCKET, SO_PEERCRED, &cr, &cl) == 0) &&
 		    (back ? n == (ssize_t)sizeof b && b.secret == l->sh->secret && h.pid > 0
 			  : cr.uid == l->uid);
 	if (!ours) {
@@ -831,8 +880,9 @@ static int decline(const struct fab_ops *ops, const struct pending *mine,
 	return r;
 }
 
-struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse,
-				  const char **why)
+struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
+				  const struct sockaddr *peer, socklen_t peer_len,
+				  int *refuse, const char **why)
 {
 	static __thread char whybuf[160];
 	*refuse = 0;
@@ -840,8 +890,14 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd, int *refuse
 	union sdp_addr la, pa;
 	socklen_t ll = sizeof la, pl = sizeof pa;
 	struct key lk, pk;
+	/* The peer's address accept() gave spares a getpeername. */
+	if (peer && peer_len <= sizeof pa) {
+		memset(&pa, 0, sizeof pa);
+		memcpy(&pa, peer, peer_len);
+		pl = peer_len;
+	}
 	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
-	    sys_getpeername(newfd, &pa, &pl) < 0 ||
+	    (!(peer && peer_len <= sizeof pa) && sys_getpeername(newfd, &pa, &pl) < 0) ||
 	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0) {
 		sdp_why("cannot name the connection's addresses");
 		return NULL;

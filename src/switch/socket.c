@@ -276,8 +276,10 @@ static void refuse_conn(int lfd, int nfd, const char *why)
 	real_close(nfd);
 }
 
-/* Record an accepted socket; -1 when it was refused (and closed). */
-static int after_accept(int lfd, int nfd, int flags)
+/* Record an accepted socket; -1 when it was refused (and closed). peer:
+ * its peer's address if accept() returned it whole, else NULL. */
+static int after_accept(int lfd, int nfd, int flags, const struct sockaddr *peer,
+			socklen_t peer_len)
 {
 	struct fdent *e = fd_get(lfd);
 	int k = e ? atomic_load(&e->kind) : FDK_NONE;
@@ -288,7 +290,8 @@ static int after_accept(int lfd, int nfd, int flags)
 	int refuse = 0;
 	const char *why = NULL;
 	sdp_why_take();
-	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, &refuse, &why) :
+	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, peer, peer_len,
+								   &refuse, &why) :
 			     NULL;
 	if (refuse < 0) {
 		refuse_conn(lfd, nfd, why);
@@ -372,12 +375,24 @@ static int reserve(int lfd)
 /* A refused connection is invisible to the application: accept the next
  * one (a nonblocking listener then says EAGAIN if there is none). The
  * kernel gets the application's own call (four: accept4): a seccomp
- * filter may allow accept and not accept4. */
+ * filter may allow accept and not accept4. The peer's address comes with
+ * it (the hello is matched on it): into our own buffer when the
+ * application asks for none, else read back from the application's when
+ * it holds any address whole (the kernel wrote it: we never write
+ * memory the application did not give the kernel). */
 static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags,
 			 bool four)
 {
 	socklen_t len0 = len ? *len : 0;
+	union sdp_addr own;
 	for (;;) {
+		socklen_t ownl = sizeof own;
+		struct sockaddr *a = addr;
+		socklen_t *al = len;
+		if (!addr) {
+			a = &own.sa;
+			al = &ownl;
+		}
 		int r = reserve(fd);
 		if (r < 0) {
 			sdp_log(2, "accept fd %d: EMFILE: too few descriptors left to "
@@ -385,7 +400,7 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 			errno = -r;
 			return -1;
 		}
-		int n = four ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
+		int n = four ? real_accept4(fd, a, al, flags) : real_accept(fd, a, al);
 		int e = errno;
 		unreserve();
 		if (n < 0) {
@@ -393,7 +408,10 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 			return n;
 		}
 		atomic_store(&accept_last, n);
-		if (after_accept(fd, n, flags) >= 0) {
+		/* The address is whole if it fit the room given. */
+		bool whole = al && *al <= (addr ? len0 : (socklen_t)sizeof own) &&
+			     *al >= sizeof(sa_family_t);
+		if (after_accept(fd, n, flags, whole ? a : NULL, whole ? *al : 0) >= 0) {
 			errno = e;
 			return n;
 		}

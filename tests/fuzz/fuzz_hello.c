@@ -247,7 +247,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		CHECK(errno == EINTR);
 	int refuse = 0;
 	const char *why = NULL;
-	struct sdp_conn *c = sdp_hello_accept(l, nfd, &refuse, &why);
+	struct sdp_conn *c = sdp_hello_accept(l, nfd, NULL, 0, &refuse, &why);
 	if (c) {
 		CHECK(refuse == 0);
 		CHECK(memfd >= 0);
