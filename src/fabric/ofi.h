@@ -121,7 +121,10 @@ struct ofi_proc {
 	_Atomic int nbk;               /* read without the lock: non-zero makes
 					* every sleep of the process short
 					* (fab_held_ms) */
-	_Atomic uint64_t bk_tick;      /* fab_clock of the last walk */
+	_Atomic uint64_t bk_tick;      /* fab_clock before which no walk starts
+					* (the last one's end + 8x its length) */
+	int bk_next;                   /* where the next walk starts in bk[]
+					* (round robin; under bklock) */
 };
 extern struct ofi_proc ofi_p;
 

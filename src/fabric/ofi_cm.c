@@ -98,17 +98,6 @@ static int epoll_add(int epfd, int fd)
 }
 
 
-/* A descriptor of ours far from the numbers applications expect. */
-static int high_fd(int fd)
-{
-	if (fd < 0 || fd >= 900)
-		return fd;
-	int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, 900);
-	if (h < 0)
-		return fd;
-	sys_close(fd);
-	return h;
-}
 
 /* Connections closed less than a few seconds ago: a thread that looked
  * the connection up just before the last close may still read a field.
@@ -237,8 +226,8 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 		OFI_LOG(1, "ofi: cannot open a completion queue");
 		goto fail;
 	}
-	oc->wfd = high_fd((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
-	oc->evfd = high_fd((int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC));
+	oc->wfd = sys_fd_high((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
+	oc->evfd = sys_fd_high((int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC));
 	if (oc->wfd < 0 || oc->evfd < 0 || epoll_add(oc->wfd, oc->evfd) ||
 	    epoll_add(oc->wfd, oc->cq_fd))
 		goto fail;
@@ -591,7 +580,7 @@ static int ofi_accept_in(struct fab_ep *ep, const struct fab_setup *s, const str
 	}
 	oc->token = s->token;
 	oc->secret = of.secret;
-	oc->chan = high_fd(sys_fcntl(o->fds[0], F_DUPFD_CLOEXEC, 0));
+	oc->chan = sys_fd_high(sys_fcntl(o->fds[0], F_DUPFD_CLOEXEC, 0));
 	struct fi_info *info = ofi_fi.dupinfo(d->info);
 	int r = -ENOMEM;
 	if (info) {

@@ -182,7 +182,7 @@ int sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listene
 	l->refs = 1;
 	l->fd_owned = true;
 	l->namelen = rv_name(&l->name, l->uid, &k);
-	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	l->rv = sys_fd_high(sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
 	if (l->rv < 0)
 		goto fail;
 	/* Each hello then carries its sender's credentials (take_hello): no

@@ -63,16 +63,6 @@ static bool loopback(const struct sockaddr *a)
 	return true;
 }
 
-static int high_fd(int fd)
-{
-	if (fd < 0 || fd >= 900)
-		return fd;
-	int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, 900);
-	if (h < 0)
-		return fd;
-	sys_close(fd);
-	return h;
-}
 
 /* ---- server ---------------------------------------------------------------- */
 
@@ -117,7 +107,7 @@ int sdp_net_listen(int fd, enum fab_pref pref)
 		return -1;
 	}
 	sdp_log(2, "listen fd %d: network rendezvous on port %u", fd, (unsigned)ntohs(np));
-	return high_fd(s);
+	return sys_fd_high(s);
 }
 
 int sdp_net_take(int s, struct sdp_hello *h)
@@ -240,7 +230,7 @@ static int rv_connect(const struct sockaddr *dst, socklen_t len)
 		sys_close(s);
 		return -1;
 	}
-	return high_fd(s);
+	return sys_fd_high(s);
 }
 
 /* Wait (at most ofi_hello_ms) until the server's kernel acknowledged all

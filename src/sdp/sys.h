@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -46,6 +47,42 @@ static inline int sys_poll(struct pollfd *p, nfds_t n, int ms)
 		tp = &ts;
 	}
 	return (int)syscall(SYS_ppoll, p, n, tp, NULL, (size_t)8);
+}
+
+/* A descriptor the library keeps (its own, or one a provider's library
+ * made for it: fabric.h fab_private), moved out of the numbers the
+ * application expects. The kernel gives every new descriptor the lowest
+ * free number, and applications size their tables by the descriptors they
+ * opened themselves (wrk's event loop: 3 per connection + 10; select:
+ * FD_SETSIZE; redis: maxclients + 128): ours in between would push theirs
+ * past those tables, where kernel TCP would not. So ours live in the upper
+ * half of the soft RLIMIT_NOFILE (from 900 at least, from 65536 at most:
+ * the kernel's table grows to the highest number in use). Where that
+ * range is full the descriptor keeps its number. The moved one is
+ * close-on-exec; fd < 0 is returned as it is. */
+#define SYS_FD_HIGH_MIN 900
+#define SYS_FD_HIGH_MAX 65536
+static inline int sys_fd_base(void)
+{
+	struct rlimit rl;
+	if (syscall(SYS_prlimit64, 0, RLIMIT_NOFILE, NULL, &rl) != 0 ||
+	    rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur / 2 >= SYS_FD_HIGH_MAX)
+		return SYS_FD_HIGH_MAX;
+	return rl.rlim_cur / 2 > SYS_FD_HIGH_MIN ? (int)(rl.rlim_cur / 2) : SYS_FD_HIGH_MIN;
+}
+
+static inline int sys_fd_high(int fd)
+{
+	if (fd < 0)
+		return fd;
+	int base = sys_fd_base();
+	if (fd >= base)
+		return fd;
+	int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, base);
+	if (h < 0)
+		return fd;
+	sys_close(fd);
+	return h;
 }
 
 #endif

@@ -529,6 +529,8 @@ EXPORT int epoll_create(int size)
 {
 	SDP_INIT();
 	int fd = real_epoll_create(size);
+	if (fd >= 0 && fab_private)
+		fd = sys_fd_high(fd);         /* a provider's (sys.h) */
 	if (fd >= 0)
 		fd_set_kind(fd, FDK_NONE);
 	return fd;
@@ -538,6 +540,8 @@ EXPORT int epoll_create1(int flags)
 {
 	SDP_INIT();
 	int fd = real_epoll_create1(flags);
+	if (fd >= 0 && fab_private)
+		fd = sys_fd_high(fd);         /* a provider's (sys.h) */
 	if (fd >= 0)
 		fd_set_kind(fd, FDK_NONE);
 	return fd;

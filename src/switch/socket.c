@@ -112,6 +112,8 @@ EXPORT int socket(int domain, int type, int protocol)
 {
 	SDP_INIT();
 	int fd = real_socket(domain, type, protocol);
+	if (fd >= 0 && fab_private)
+		fd = sys_fd_high(fd);         /* a provider's: not at the app's numbers */
 	if (fd >= 0) {
 		/* a provider's own socket (fabric.h fab_private) is not the
 		 * application's: passed through like any other descriptor */
@@ -420,16 +422,54 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 	}
 }
 
+/* A connection a provider's library accepts for itself (fabric.h
+ * fab_private: libfabric's passive endpoint) is the provider's: passed
+ * through, at a number out of the application's way (sys.h sys_fd_high). */
+static int accept_private(int fd, struct sockaddr *addr, socklen_t *len, int flags,
+			  bool four)
+{
+	int n = four ? real_accept4(fd, addr, len, flags) : real_accept(fd, addr, len);
+	if (n >= 0) {
+		int e = errno;
+		n = sys_fd_high(n);
+		fd_set_kind(n, FDK_NONE);
+		errno = e;
+	}
+	return n;
+}
+
 EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
 {
 	SDP_INIT();
+	if (fab_private)
+		return accept_private(fd, addr, len, 0, false);
 	return accept_common(fd, addr, len, 0, false);
 }
 
 EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
 	SDP_INIT();
+	if (fab_private)
+		return accept_private(fd, addr, len, flags, true);
 	return accept_common(fd, addr, len, flags, true);
+}
+
+/* Passed through; interposed only so that the pairs a provider's library
+ * makes for itself (libfabric's wait objects) take no number the
+ * application would get. */
+EXPORT int socketpair(int domain, int type, int protocol, int sv[2])
+{
+	SDP_INIT();
+	int r = real_socketpair(domain, type, protocol, sv);
+	if (r == 0) {
+		if (fab_private) {
+			sv[0] = sys_fd_high(sv[0]);
+			sv[1] = sys_fd_high(sv[1]);
+		}
+		fd_set_kind(sv[0], FDK_NONE);
+		fd_set_kind(sv[1], FDK_NONE);
+	}
+	return r;
 }
 
 EXPORT int close(int fd)

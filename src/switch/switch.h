@@ -135,6 +135,7 @@ extern const char *sdp_prog;
  * config.c. */
 #define REAL_FUNCS(X) \
 	X(int, socket, (int, int, int)) \
+	X(int, socketpair, (int, int, int, int *)) \
 	X(int, listen, (int, int)) \
 	X(int, connect, (int, const struct sockaddr *, socklen_t)) \
 	X(int, accept, (int, struct sockaddr *, socklen_t *)) \
