@@ -33,7 +33,7 @@ static int g_keys = 1000;
 static size_t g_vsize = 1024;
 static int g_populate;
 static double g_timeout = 600;
-static atomic_uint_fast64_t g_counter, g_requests, g_errors;
+static atomic_uint_fast64_t g_counter, g_requests, g_errors, g_conns;
 static volatile sig_atomic_t g_stop;
 
 static void on_stop(int s)
@@ -346,6 +346,7 @@ int main(int argc, char **argv)
 		int cfd = accept(lfd, NULL, NULL);
 		if (cfd < 0)
 			continue;
+		atomic_fetch_add(&g_conns, 1);
 		pthread_t th;
 		pthread_attr_t at;
 		pthread_attr_init(&at);
@@ -355,8 +356,9 @@ int main(int argc, char **argv)
 			close(cfd);
 		pthread_attr_destroy(&at);
 	}
-	printf("{\"role\":\"appserver\",\"requests\":%llu,\"redis_errors\":%llu}\n",
-	       (unsigned long long)atomic_load(&g_requests), (unsigned long long)atomic_load(&g_errors));
+	printf("{\"role\":\"appserver\",\"requests\":%llu,\"connections\":%llu,\"redis_errors\":%llu}\n",
+	       (unsigned long long)atomic_load(&g_requests), (unsigned long long)atomic_load(&g_conns),
+	       (unsigned long long)atomic_load(&g_errors));
 	fflush(stdout);
 	return 0;
 }
