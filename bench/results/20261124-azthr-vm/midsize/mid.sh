@@ -1,7 +1,7 @@
 #!/bin/bash
 # AZ around the refined threshold: stream of SIZE-byte sends, 0.3 s, pinned,
 # configurations interleaved, 3 repetitions.
-cd /work/wt/azthr
+cd "$(dirname "$0")/../../../.."   # the repository root
 export SDP_CALIB_FILE=/tmp/azthr/calib
 P=build/bin/sdp-perf
 run() { # name env size
