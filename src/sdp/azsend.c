@@ -820,10 +820,15 @@ ssize_t az_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 					break;
 			}
 			uint32_t need = c->mode_msg ? 2 : 1;
-			if (ep->ops->credits(ep) < need ||
-			    c->src_id - atomic_load(&pz->rd_done) >= depth) {
+			/* One load of rd_done for both the test and the mark:
+			 * a read completed between two loads would move the
+			 * mark past the value the test saw full, and the wait
+			 * (rd_done != mark) would then sleep for a read that
+			 * already happened - for ever, with the sink idle. */
+			uint32_t rd = atomic_load(&pz->rd_done);
+			if (ep->ops->credits(ep) < need || c->src_id - rd >= depth) {
 				bool room = ep->ops->credits(ep) < need;
-				c->zc_mark = atomic_load(&pz->rd_done);
+				c->zc_mark = rd;
 				c->zc_spin_us = (uint32_t)(chunk / 12000);
 				r = sdp_wait(c, fd, room ? FAB_WAIT_CREDIT : FAB_WAIT_ZC,
 					     off ? SDP_WAIT_PARTIAL : 0, &c->tx_lock);
