@@ -346,6 +346,9 @@ bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);
 /* Has the peer started a fallback (so it runs its half itself)? Have we? */
 bool sdp_fallback_by_peer(struct sdp_conn *c);
+/* How long a peer that began leaving SDP (stage 1 of fallback.c) may take
+ * to finish (stage 2) before the connection is reset: ms. */
+extern unsigned sdp_fb_stall_ms;
 bool sdp_fallback_started(struct sdp_conn *c);
 #define SDP_EFALLBACK EREMCHG          /* internal: retry the call on TCP */
 

@@ -16,7 +16,10 @@
  *      shutdown(SHUT_WR));
  *   4. reads and discards exactly the peer's announced tokens.
  * From then on each TCP byte stream holds exactly the application's bytes,
- * in order, with nothing lost, repeated or injected, and no timeout taken.
+ * in order, with nothing lost, repeated or injected, and no timeout taken
+ * - except that a peer which began step 1 and does not finish it within
+ * sdp_fb_stall_ms (stopped, or not speaking the protocol) gets the
+ * connection reset rather than hanging us: close() must never hang.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -215,11 +218,14 @@ void sdp_fallback_publish(struct sdp_conn *c, int fd)
  * process wrote) costs no CPU. Tokens are taken only as the
  * connection's watcher (another thread's sleep may be taking them).
  */
+unsigned sdp_fb_stall_ms = 2000;
+
 static int wait_peer_final(struct sdp_conn *c, int fd)
 {
 	struct fab_ep *ep = &c->ep;
 	unsigned yields = 0;
 	int nap = 1;                          /* ms, doubling up to 100 */
+	uint64_t started = 0;                 /* when we first saw its stage 1 */
 	for (;;) {
 		/* Gone by the kernel's word (its FIN or RST; a `closed` mark
 		 * alone is not trusted: the FIN follows it at once), or reset. */
@@ -236,6 +242,19 @@ static int wait_peer_final(struct sdp_conn *c, int fd)
 		}
 		int ms = 100;
 		if (pfb & FAB_M_FB) {
+			/* Stage 2 follows stage 1 within a few stores: a peer
+			 * that has not got there by now is stopped or broken,
+			 * and the streams cannot be handed over in order. */
+			uint64_t now = sdp_now_ns();
+			if (!started)
+				started = now;
+			else if (now - started > sdp_fb_stall_ms * 1000000ull) {
+				if (watching)
+					sdp_unwatch(c);
+				sdp_log(1, "fd %d: the peer began leaving SDP but did not "
+					"finish in %u ms", fd, sdp_fb_stall_ms);
+				return -ETIMEDOUT;
+			}
 			if (yields++ < 64) {
 				if (watching)
 					sdp_unwatch(c);
@@ -527,6 +546,8 @@ int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
 	}
 	leave(c, fd);
 	r = wait_peer_final(c, fd);
+	if (r < 0)
+		goto done;                    /* shut down below: a reset */
 	if (r) {
 		/* Nothing to hand over together: what the peer left is ours
 		 * to deliver, TCP (or the substitute) says the rest. */

@@ -59,6 +59,7 @@ static void setup(void)
 		return;
 	done = true;
 	CHECK(sdp_pool_init() == 0);
+	sdp_fb_stall_ms = 20;               /* a fuzzed peer never finishes leaving */
 	for (size_t i = 0; i < sizeof srcbuf; i++)
 		srcbuf[i] = (uint8_t)(i * 131 + (i >> 8) * 7 + 1);
 }
