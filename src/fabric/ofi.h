@@ -280,7 +280,8 @@ struct ofi_conn {
 	uint64_t died_ns;
 	int side;                      /* 0 client, 1 server */
 	_Atomic int state;             /* enum ofi_state */
-	int err;                       /* why DOWN (-errno) */
+	_Atomic int err;               /* why DOWN or TCP (-errno): the first
+					* failure's */
 	bool peer_shut;                /* the peer's endpoint closed (FI_SHUTDOWN) */
 	struct ofi_dom *dom;
 	struct fid_ep *ep;
@@ -304,7 +305,11 @@ struct ofi_conn {
 					* that another thread reaped, while we
 					* may sleep (local_armed) */
 	_Atomic uint32_t local_armed;  /* enum fab_wait our sleepers wait for */
-	int chan;                      /* the hello's TCP socket until up, or -1 */
+	int chan;                      /* the hello's TCP socket until up, or -1;
+					* used and taken only under chlock (a
+					* number closed twice may be another
+					* connection's descriptor by then) */
+	pthread_mutex_t chlock;
 	/* The application's TCP_USER_TIMEOUT (ms; 0 = the kernel's default)
 	 * as copied onto libfabric's own socket of this endpoint (tcp
 	 * provider), so a cut link fails the fabric connection as it would
@@ -375,6 +380,7 @@ int  ofi_wait_fd(struct fab_ep *ep, int tcpfd);
 void ofi_cm_progress(struct ofi_dom *d);     /* the EQ, without blocking */
 void ofi_dom_added(struct ofi_dom *d);       /* a new domain's EQ wakes every connection */
 void ofi_chan_progress(struct ofi_conn *oc); /* client: the server's answer */
+void ofi_chan_close(struct ofi_conn *oc);    /* closes chan once, whoever calls */
 void ofi_init(const struct fab_params *p);
 bool ofi_reaches(const struct sockaddr *peer, socklen_t len);
 
@@ -385,6 +391,7 @@ bool ofi_reap(struct ofi_conn *oc, bool dying);   /* under oc->cqlock; true:
 							 * read to its end */
 void ofi_progress_now(struct ofi_conn *oc);
 void ofi_backlog(struct ofi_conn *self);     /* read the backlog's queues */
+void ofi_bk_forget(struct ofi_conn *oc);     /* freeing it: off the list for sure */
 void ofi_bk_del(struct ofi_conn *oc);        /* off the backlog list */  /* ofi_progress, not throttled */
 int  ofi_post_recv(struct ofi_conn *oc, uint32_t buf);
 int  ofi_publish(struct ofi_conn *oc);       /* copy our block to the peer */

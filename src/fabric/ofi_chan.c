@@ -82,18 +82,39 @@ static bool has_backlog(struct ofi_conn *oc)
 	       peer_cons(oc) < atomic_load_explicit(&oc->inj_hi, memory_order_relaxed);
 }
 
+/*
+ * The backlog list and each connection's in_bk change together, under
+ * bklock (in_bk is read without it only as a hint). The walk below reads
+ * queues while it holds bklock, and a read may post (a control block's
+ * copy, a kick) and so list a connection: the walking thread already owns
+ * the lock then (bk_walker), and must not take it again.
+ */
+static __thread bool bk_walker;
+
+static void bk_lock(void)
+{
+	if (!bk_walker)
+		pthread_mutex_lock(&ofi_p.bklock);
+}
+
+static void bk_unlock(void)
+{
+	if (!bk_walker)
+		pthread_mutex_unlock(&ofi_p.bklock);
+}
+
 /* Just posted: on the list until a read of its queue finds all done. */
 static void bk_add(struct ofi_conn *oc)
 {
-	if (atomic_load_explicit(&oc->in_bk, memory_order_relaxed) ||
-	    atomic_exchange(&oc->in_bk, true))
+	if (atomic_load_explicit(&oc->in_bk, memory_order_relaxed))
 		return;
-	pthread_mutex_lock(&ofi_p.bklock);
-	if (ofi_p.nbk < (int)(sizeof ofi_p.bk / sizeof ofi_p.bk[0]))
-		ofi_p.bk[ofi_p.nbk++] = oc;
-	else
-		atomic_store(&oc->in_bk, false);  /* full: its own calls move it */
-	pthread_mutex_unlock(&ofi_p.bklock);
+	bk_lock();
+	if (!atomic_load(&oc->in_bk) && !atomic_load(&oc->dead) &&
+	    ofi_p.nbk < (int)(sizeof ofi_p.bk / sizeof ofi_p.bk[0])) {
+		ofi_p.bk[ofi_p.nbk++] = oc;       /* full: its own calls move it */
+		atomic_store(&oc->in_bk, true);
+	}
+	bk_unlock();
 }
 
 static void bk_del_locked(struct ofi_conn *oc)
@@ -110,9 +131,17 @@ void ofi_bk_del(struct ofi_conn *oc)
 {
 	if (!atomic_load(&oc->in_bk))
 		return;
-	pthread_mutex_lock(&ofi_p.bklock);
+	bk_lock();
 	bk_del_locked(oc);
-	pthread_mutex_unlock(&ofi_p.bklock);
+	bk_unlock();
+}
+
+/* A connection being freed (dead already set): off the list for sure. */
+void ofi_bk_forget(struct ofi_conn *oc)
+{
+	bk_lock();
+	bk_del_locked(oc);
+	bk_unlock();
 }
 
 /*
@@ -143,8 +172,9 @@ void ofi_bk_del(struct ofi_conn *oc)
 void ofi_backlog(struct ofi_conn *self)
 {
 	if (!atomic_load_explicit(&ofi_p.nbk, memory_order_relaxed) ||
-	    pthread_mutex_trylock(&ofi_p.bklock))
+	    bk_walker || pthread_mutex_trylock(&ofi_p.bklock))
 		return;
+	bk_walker = true;
 	uint64_t t0 = fab_clock();
 	bool moved = false;
 	for (int k = 0; k < OFI_BK_BUDGET && ofi_p.nbk > 0; k++) {
@@ -179,6 +209,7 @@ void ofi_backlog(struct ofi_conn *self)
 	atomic_store_explicit(&ofi_p.bk_tick, moved ? t0 + OFI_BK_TICKS :
 			      t1 + (pause > OFI_BK_TICKS ? pause : OFI_BK_TICKS),
 			      memory_order_relaxed);
+	bk_walker = false;
 	pthread_mutex_unlock(&ofi_p.bklock);
 }
 
@@ -645,51 +676,62 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 {
 	/* The fabric connection is broken: nothing more comes on it (the
 	 * tcp provider fails the posted receives after the peer's last
-	 * byte; it reports no FI_SHUTDOWN). */
+	 * byte; it reports no FI_SHUTDOWN). Any thread may get here, several
+	 * at once for one connection (a send, a reap, the set-up's progress):
+	 * the state moves by compare-and-swap, and only the thread that moved
+	 * it acts (the hello's socket closed twice could close another
+	 * connection's descriptor that took its number). */
 	bool was_shut = oc->peer_shut;
 	oc->peer_shut = true;
-	int st = state(oc);
-	if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
-		return;
-	oc->err = err < 0 ? err : -EIO;
-	/* A link that timed out is no close of the peer's: reset, and the
-	 * application hears ETIMEDOUT as from TCP (ofi_drain). */
-	bool timed_out = st == OFI_ST_UP && ofi_timed_out(oc);
-	if (timed_out) {
-		oc->err = -ETIMEDOUT;
-		was_shut = false;
-	}
-	/* The peer never came up if it never copied its block to us (it does
-	 * as it comes up): it closed or failed first, and consumed nothing.
-	 * We may be up and have sent: the hand-back re-sends it all. */
-	bool peer_never_up = atomic_load(&oc->peer->vers_head) == 0;
-	if (st != OFI_ST_UP || peer_never_up) {
-		/* Nothing was ever sent over the fabric: both ends use TCP
-		 * (what waits in our ring is re-sent there). */
-		OFI_LOG(err == -ECONNABORTED ? 2 : 1, "ofi: %s (%s) before the connection "
-			"came up: TCP", why, ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
-		atomic_store(&oc->state, OFI_ST_TCP);
-		ofi_wake(oc);
-		if (oc->chan >= 0) {
-			sys_close(oc->chan);      /* tells the client, if it waits */
-			oc->chan = -1;
+	for (;;) {
+		int st = state(oc);
+		if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
+			return;
+		int e = err < 0 ? err : -EIO;
+		/* A link that timed out is no close of the peer's: reset, and
+		 * the application hears ETIMEDOUT as from TCP (ofi_drain). */
+		bool timed_out = st == OFI_ST_UP && ofi_timed_out(oc);
+		if (timed_out) {
+			e = -ETIMEDOUT;
+			was_shut = false;
 		}
-		if (oc->ep)
-			fi_shutdown(oc->ep, 0);   /* ... and a peer that accepted */
+		/* The peer never came up if it never copied its block to us
+		 * (it does as it comes up): it closed or failed first, and
+		 * consumed nothing. We may be up and have sent: the hand-back
+		 * re-sends it all. */
+		bool peer_never_up = atomic_load(&oc->peer->vers_head) == 0;
+		if (st != OFI_ST_UP || peer_never_up) {
+			/* Nothing was ever sent over the fabric: both ends use
+			 * TCP (what waits in our ring is re-sent there). */
+			int zero = 0;
+			atomic_compare_exchange_strong(&oc->err, &zero, e);
+			if (!atomic_compare_exchange_strong(&oc->state, &st, OFI_ST_TCP))
+				continue;         /* moved meanwhile: look again */
+			OFI_LOG(err == -ECONNABORTED ? 2 : 1, "ofi: %s (%s) before the "
+				"connection came up: TCP", why,
+				ofi_fi.strerror ? ofi_fi.strerror(-e) : "?");
+			ofi_wake(oc);
+			ofi_chan_close(oc);       /* tells the client, if it waits */
+			if (oc->ep)
+				fi_shutdown(oc->ep, 0);   /* ... and a peer that accepted */
+			return;
+		}
+		/* The peer closed (its marks, or its endpoint went away): what
+		 * we still send is lost as on TCP, the engine reads the marks. */
+		if (was_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT))) {
+			OFI_LOG(2, "ofi: %s after the peer closed", why);
+			return;
+		}
+		int zero = 0;
+		atomic_compare_exchange_strong(&oc->err, &zero, e);
+		if (!atomic_compare_exchange_strong(&oc->state, &st, OFI_ST_DOWN))
+			continue;
+		OFI_LOG(0, "ofi: %s (%s): connection reset", why,
+			timed_out ? "its socket timed out: TCP_USER_TIMEOUT" :
+			ofi_fi.strerror ? ofi_fi.strerror(-e) : "?");
+		ofi_wake(oc);
 		return;
 	}
-	/* The peer closed (its marks, or its endpoint went away): what we
-	 * still send is lost as on TCP, the engine reads the marks. */
-	if (!peer_never_up &&
-	    (was_shut || (atomic_load(&oc->peer->marks) & (FAB_M_CLOSED | FAB_M_ABORT)))) {
-		OFI_LOG(2, "ofi: %s after the peer closed", why);
-		return;
-	}
-	OFI_LOG(0, "ofi: %s (%s): connection reset", why,
-		timed_out ? "its socket timed out: TCP_USER_TIMEOUT" :
-		ofi_fi.strerror ? ofi_fi.strerror(-oc->err) : "?");
-	atomic_store(&oc->state, OFI_ST_DOWN);
-	ofi_wake(oc);
 }
 
 void ofi_up(struct ofi_conn *oc)
@@ -704,13 +746,17 @@ void ofi_up(struct ofi_conn *oc)
 					NULL);
 	}
 	pthread_mutex_lock(&oc->plock);
-	atomic_store(&oc->state, OFI_ST_UP);
-	flush(oc, atomic_load(&oc->tx_prod));     /* what waited in the ring */
+	/* A failure another thread saw first (ofi_fail) stands: we never
+	 * come up, the peer hears it (fi_shutdown) and finds us never up. */
+	int st = state(oc);
+	bool up = st != OFI_ST_TCP && st != OFI_ST_DOWN &&
+		  atomic_compare_exchange_strong(&oc->state, &st, OFI_ST_UP);
+	if (up)
+		flush(oc, atomic_load(&oc->tx_prod));     /* what waited in the ring */
 	pthread_mutex_unlock(&oc->plock);
-	if (oc->chan >= 0) {
-		sys_close(oc->chan);
-		oc->chan = -1;
-	}
+	if (!up)
+		return;
+	ofi_chan_close(oc);
 	ofi_publish(oc);                      /* what we wrote before */
 	send_kick(oc);                        /* a sleeper looks again */
 	ofi_wake(oc);

@@ -140,7 +140,7 @@ static void conn_bury(struct ofi_conn *oc)
 static void conn_free(struct ofi_conn *oc)
 {
 	atomic_store(&oc->dead, true);
-	ofi_bk_del(oc);
+	ofi_bk_forget(oc);
 	if (oc->ep)
 		fi_close(&oc->ep->fid);
 	if (oc->cq) {
@@ -158,8 +158,7 @@ static void conn_free(struct ofi_conn *oc)
 		sys_close(oc->wfd);
 	if (oc->evfd >= 0)
 		sys_close(oc->evfd);
-	if (oc->chan >= 0)
-		sys_close(oc->chan);
+	ofi_chan_close(oc);
 	ofi_mr_drop(oc);
 	if (oc->mem)
 		munmap(oc->mem, oc->memlen);
@@ -182,6 +181,7 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 	pthread_mutex_init(&oc->plock, NULL);
 	pthread_mutex_init(&oc->cqlock, NULL);
 	pthread_mutex_init(&oc->wlock, NULL);
+	pthread_mutex_init(&oc->chlock, NULL);
 	oc->nslots = nslots;
 	oc->slot_size = slot_size;
 	oc->nbufs = nslots + OFI_KICKS;
@@ -426,11 +426,27 @@ static void take_request(struct ofi_dom *d, struct fi_eq_cm_entry *e, size_t dle
 		ofi_fail(oc, r, "accepting the server's fabric connection");
 		return;
 	}
-	atomic_store(&oc->state, OFI_ST_CONNECTING);
+	/* Another thread may have given up on it meanwhile (no answer in
+	 * time, ofi_fail): that stands, and the server hears it. */
+	int st = atomic_load(&oc->state);
+	if ((st != OFI_ST_ANSWER && st != OFI_ST_WAITREQ) ||
+	    !atomic_compare_exchange_strong(&oc->state, &st, OFI_ST_CONNECTING))
+		fi_shutdown(oc->ep, 0);
 }
 
-/* Read the domain's events without blocking (under ofi_p.lock). */
+/* Read the domain's events without blocking (under ofi_p.lock). The
+ * passive endpoint accepts inside it: the sockets libfabric makes there
+ * are its own (fab_private), whichever call of ours got here. */
+static void cm_progress_in(struct ofi_dom *d);
+
 void ofi_cm_progress(struct ofi_dom *d)
+{
+	fab_private++;
+	cm_progress_in(d);
+	fab_private--;
+}
+
+static void cm_progress_in(struct ofi_dom *d)
 {
 	if (!d || !d->eq)
 		return;
@@ -504,14 +520,34 @@ void ofi_cm_progress(struct ofi_dom *d)
 	}
 }
 
+void ofi_chan_close(struct ofi_conn *oc)
+{
+	pthread_mutex_lock(&oc->chlock);
+	int ch = oc->chan;
+	oc->chan = -1;
+	pthread_mutex_unlock(&oc->chlock);
+	if (ch >= 0)
+		sys_close(ch);
+}
+
 /* Client: the server's answer on the hello's socket. */
 void ofi_chan_progress(struct ofi_conn *oc)
 {
 	int st = atomic_load(&oc->state);
-	if (oc->side != 0 || oc->chan < 0 || (st != OFI_ST_ANSWER && st != OFI_ST_WAITREQ))
+	if (oc->side != 0 || (st != OFI_ST_ANSWER && st != OFI_ST_WAITREQ))
 		return;
+	/* Another thread looking at it, or closing it: theirs to handle. */
+	if (pthread_mutex_trylock(&oc->chlock))
+		return;
+	if (oc->chan < 0) {
+		pthread_mutex_unlock(&oc->chlock);
+		return;
+	}
 	char a;
 	ssize_t r = sys_recvfrom(oc->chan, &a, 1, MSG_DONTWAIT);
+	int e = errno;
+	pthread_mutex_unlock(&oc->chlock);
+	errno = e;
 	OFI_LOG(3, "ofi: answer %zd", r);
 	if (r == 1 && a == OFI_ANSWER_YES && st == OFI_ST_ANSWER) {
 		atomic_store(&oc->state, OFI_ST_WAITREQ);
@@ -524,7 +560,11 @@ void ofi_chan_progress(struct ofi_conn *oc)
 	}
 	/* EOF or anything else before the request: the server did not take
 	 * the hello (another protocol version, no resources, TCP), or gave
-	 * up on the fabric. */
+	 * up on the fabric - unless the request came meanwhile (the server
+	 * closes its end once up). */
+	st = atomic_load(&oc->state);
+	if (st != OFI_ST_ANSWER && st != OFI_ST_WAITREQ)
+		return;
 	ofi_fail(oc, r == 0 ? -ECONNREFUSED : r < 0 ? -errno : -EPROTO,
 		 st == OFI_ST_ANSWER ? "the server did not take the hello" :
 		 "the server gave up before connecting");
