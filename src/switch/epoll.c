@@ -756,7 +756,11 @@ void epoll_leave_all(void)
 				.events = e->disabled ? EPOLLONESHOT : e->events,
 				.data = e->data,
 			};
-			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev) < 0)
+			/* (ENOENT: a socket replaced by its dead peer's bytes,
+			 * ent_plain) */
+			if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev) < 0 &&
+			    (errno != ENOENT ||
+			     real_epoll_ctl(s->epfd, EPOLL_CTL_ADD, e->fd, &kev) < 0))
 				sdp_log(0, "epoll fd %d: fd %d not given back to the kernel (%s)",
 					s->epfd, e->fd, strerror(errno));
 			e->c = NULL;
@@ -883,6 +887,19 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 	return r;
 }
 
+/* The member is plain TCP again: the kernel set gets the application's
+ * registration. A peer that died leaving bytes unread had its socket
+ * replaced by one that delivers them (sdp/fallback.c, dup3 onto the
+ * number): the kernel dropped the old file's registration with it. */
+static void ent_plain(struct ep_shadow *s, struct ep_ent *e)
+{
+	struct epoll_event kev = { .events = e->events, .data = e->data };
+	int saved = errno;
+	if (real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev) < 0 && errno == ENOENT)
+		real_epoll_ctl(s->epfd, EPOLL_CTL_ADD, e->fd, &kev);
+	errno = saved;
+}
+
 /* Readiness of one member, as epoll would report it (0 = nothing). For a
  * member to report, *k gets the edge-triggered state that ent_report
  * keeps if it is reported (a member left out for lack of room in the
@@ -897,8 +914,7 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e, struct ep_cand
 		wait_fd_ctl(s->epfd, EPOLL_CTL_DEL, e->fd, c);
 		if (fd_kind(e->fd) == FDK_SDP)
 			fd_fallback(e->fd, c);
-		struct epoll_event kev = { .events = e->events, .data = e->data };
-		real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
+		ent_plain(s, e);
 		e->c = NULL;
 		s->reap = true;
 		return 0;
@@ -907,8 +923,7 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e, struct ep_cand
 		if (atomic_load(&c->state) == SDP_ST_CONNECTING) {
 			if (!sdp_fd_conn(e->fd)) {
 				/* Connect failed: the fd is plain TCP now. */
-				struct epoll_event kev = { .events = e->events, .data = e->data };
-				real_epoll_ctl(s->epfd, EPOLL_CTL_MOD, e->fd, &kev);
+				ent_plain(s, e);
 				e->c = NULL;
 				s->reap = true;
 				return EPOLLOUT | EPOLLERR | EPOLLHUP;
