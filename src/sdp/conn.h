@@ -365,6 +365,11 @@ int  sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listen
  * follows within microseconds, not after clients were sent to TCP. */
 void sdp_net_prepare(int fd);
 void sdp_listener_close(struct sdp_listener *l);
+/* The listener *slot names, kept alive until sdp_listener_put (an accept
+ * in progress while another thread closes the listening socket): NULL if
+ * the slot is empty. The slot is cleared before the listener's close. */
+struct sdp_listener *sdp_listener_hold(struct sdp_listener *const *slot);
+void sdp_listener_put(struct sdp_listener *l);
 void sdp_listener_fork(struct sdp_listener *l, int delta);
 void sdp_listener_withdraw(struct sdp_listener *l);
 /* Hellos taken from the rendezvous and kept for connections not accepted

@@ -245,6 +245,25 @@ void group_close(struct sdp_listener *l)
 	pthread_mutex_unlock(&reg_lock);
 }
 
+struct sdp_listener *sdp_listener_hold(struct sdp_listener *const *slot)
+{
+	reg_enter();
+	struct sdp_listener *l = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+	if (l)
+		l->refs++;
+	pthread_mutex_unlock(&reg_lock);
+	return l;
+}
+
+void sdp_listener_put(struct sdp_listener *l)
+{
+	if (!l)
+		return;
+	reg_enter();
+	unref_locked(l);
+	pthread_mutex_unlock(&reg_lock);
+}
+
 void group_fork(struct sdp_listener *l, int delta)
 {
 	if (l->sh)

@@ -361,13 +361,23 @@ static struct ep_shadow *shadow_of(int epfd, bool create)
 	s->epfd = epfd;
 	s->owner = sdp_pid;
 	atomic_store(&s->spin_cur, sdp_tun.spin_us);
+	/* Two threads' first epoll_ctl on one set: one shadow (an orphan
+	 * left in `all` would outlive the number and later act on another
+	 * set that took it). */
 	pthread_mutex_lock(&all_lock);
+	if (atomic_load(&e->kind) == FDK_EPOLL && e->ep) {
+		struct ep_shadow *won = e->ep;
+		pthread_mutex_unlock(&all_lock);
+		pthread_mutex_destroy(&s->lock);
+		free(s);
+		return won;
+	}
 	s->next = all;
 	all = s;
-	pthread_mutex_unlock(&all_lock);
 	e->ep = s;
 	fd_set_kind(epfd, FDK_EPOLL);
 	e->ep = s;
+	pthread_mutex_unlock(&all_lock);
 	return s;
 }
 

@@ -7,6 +7,7 @@
  * connection closes (dup, dup2 and fork make several).
  */
 #include <errno.h>
+#include <pthread.h>
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -22,6 +23,12 @@ static _Atomic int tabsize;                 /* 0 in pass-through (sandbox.c) */
 static _Atomic uint32_t *holds;             /* fds per connection slot */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Atomic int hiwater;                 /* highest fd ever marked + 1 */
+static pthread_mutex_t listen_lock = PTHREAD_MUTEX_INITIALIZER;   /* fd_forget of listeners */
+static void listen_prepare(void) { pthread_mutex_lock(&listen_lock); }
+static void listen_parent(void) { pthread_mutex_unlock(&listen_lock); }
+static void listen_child(void) { pthread_mutex_init(&listen_lock, NULL); }
+static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
+static void listen_init(void) { pthread_atfork(listen_prepare, listen_parent, listen_child); }
 
 static void mark(int fd)
 {
@@ -153,15 +160,20 @@ void fd_forget(int fd)
 		if (atomic_fetch_sub(&holds[c->idx], 1) == 1)
 			sdp_release(c, fd);
 	} else if (k == FDK_LISTEN && e->l) {
+		/* Another fd of this process may still name the listener - or
+		 * be in this branch for it on another thread (its kind already
+		 * NONE): the last one to clear its slot closes it, once. */
+		pthread_once(&listen_once, listen_init);
+		pthread_mutex_lock(&listen_lock);
 		struct sdp_listener *l = e->l;
-		e->l = NULL;
-		/* Another fd of this process may still name the listener. */
+		__atomic_store_n(&e->l, NULL, __ATOMIC_RELEASE);
 		int hi = atomic_load(&hiwater);
-		for (int i = 0; i < hi; i++)
-			if (i != fd && atomic_load(&tab[i].kind) == FDK_LISTEN &&
-			    tab[i].l == l)
-				return;
-		sdp_listener_close(l);
+		bool other = false;
+		for (int i = 0; i < hi && !other; i++)
+			other = i != fd && tab[i].l == l;
+		pthread_mutex_unlock(&listen_lock);
+		if (!other)
+			sdp_listener_close(l);
 	} else if (k == FDK_EPOLL) {
 		struct ep_shadow *s = e->ep;
 		e->ep = NULL;

@@ -292,9 +292,11 @@ static int after_accept(int lfd, int nfd, int flags, const struct sockaddr *peer
 	int refuse = 0;
 	const char *why = NULL;
 	sdp_why_take();
-	struct sdp_conn *c = k == FDK_LISTEN ? sdp_hello_accept(e->l, nfd, peer, peer_len,
-								   &refuse, &why) :
+	/* Held: another thread may close the listening socket meanwhile. */
+	struct sdp_listener *l = k == FDK_LISTEN ? sdp_listener_hold(&e->l) : NULL;
+	struct sdp_conn *c = l ? sdp_hello_accept(l, nfd, peer, peer_len, &refuse, &why) :
 			     NULL;
+	sdp_listener_put(l);
 	if (refuse < 0) {
 		refuse_conn(lfd, nfd, why);
 		return -1;
@@ -323,7 +325,7 @@ static int after_accept(int lfd, int nfd, int flags, const struct sockaddr *peer
 		const char *w = sdp_why_take();
 		sdp_log(2, "accept fd %d -> %d: TCP (%s)", lfd, nfd,
 			k != FDK_LISTEN ? "listen() was not seen on this socket" :
-			!e->l ? "the listener offers TCP only, see its listen line" :
+			!l ? "the listener offers TCP only, see its listen line" :
 			w ? w : "the client sent no hello: not an SDP client");
 	}
 	return nfd;
