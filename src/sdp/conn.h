@@ -92,6 +92,11 @@ struct sdp_conn {
 					* (TCP: sk_sndbuf with SOCK_SNDBUF_LOCK).
 					* Our SO_RCVBUF is in our control block */
 	_Atomic uint32_t fb_done;      /* left SDP: the fd is plain TCP now */
+	_Atomic int fb_subst1;         /* 1 + the socket that delivers what a peer
+					* gone before the hand-back left unread,
+					* until every number naming the
+					* connection has it (fallback.c); 0 none.
+					* Set before fb_done */
 	_Atomic uint32_t err_reported; /* the reset was reported (TCP: sk_err read) */
 	_Atomic uint32_t reset_told;   /* the peer was kicked to see our reset */
 
@@ -334,13 +339,18 @@ void sdp_release_tcp(struct sdp_conn *c);
 void sdp_conn_drop(struct sdp_conn *c);
 
 /* ---- fallback.c: leave SDP for TCP mid-stream, losing nothing ------------ */
-/* *subst >= 0: the peer was gone and left bytes we had not read; every fd
- * of this process that names c is to name *subst instead (a socket that
- * yields them, then EOF or a reset), and *subst is then closed. */
-int  sdp_fallback(struct sdp_conn *c, int fd, int *subst);
-/* The same from inside the engine, where only fd is known: a substitute
- * replaces fd alone (the switch turns the other fds to TCP later). */
+/* When the peer was gone and left bytes we had not read, c->fb_subst1
+ * names a socket that yields them (then EOF or a reset): every fd of this
+ * process that names c is to name it instead, before any of them is used
+ * as TCP (sdp_fb_install, or the switch's hook), and it is then closed. */
+int  sdp_fallback(struct sdp_conn *c, int fd);
+/* The substitute, taken (-1: none). */
+int  sdp_fallback_subst_take(struct sdp_conn *c);
+/* The same from inside the engine, where only fd is known: the switch's
+ * hook (sdp_fb_install_hook) puts a substitute on every fd naming c, or
+ * without one it replaces fd alone. */
 int  sdp_fallback_fd(struct sdp_conn *c, int fd);
+extern void (*sdp_fb_install_hook)(struct sdp_conn *c, int fd);
 void sdp_fallback_publish(struct sdp_conn *c, int fd);
 bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b);
 bool sdp_fallback_pending(struct sdp_conn *c);

@@ -522,11 +522,10 @@ bool sdp_same_conn_peer(struct sdp_conn *a, struct sdp_conn *b)
 	       a->token && a->token == b->token;
 }
 
-int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
+int sdp_fallback(struct sdp_conn *c, int fd)
 {
 	az_recv_settle(c);                    /* our reads finish before we freeze */
 	struct fab_ep *ep = &c->ep;
-	*subst = -1;
 	if (atomic_load(&c->fb_done))
 		return 0;
 	if (sdp_lock(&c->tx_lock))
@@ -551,7 +550,9 @@ int sdp_fallback(struct sdp_conn *c, int fd, int *subst)
 	if (r) {
 		/* Nothing to hand over together: what the peer left is ours
 		 * to deliver, TCP (or the substitute) says the rest. */
-		orphan_handover(c, fd, subst);
+		int subst = -1;
+		orphan_handover(c, fd, &subst);
+		atomic_store(&c->fb_subst1, subst + 1);   /* before fb_done */
 		r = -ECONNRESET;
 		goto done;
 	}
@@ -583,10 +584,21 @@ out:
 	return r;
 }
 
+int sdp_fallback_subst_take(struct sdp_conn *c)
+{
+	return atomic_exchange(&c->fb_subst1, 0) - 1;
+}
+
+void (*sdp_fb_install_hook)(struct sdp_conn *c, int fd);
+
 int sdp_fallback_fd(struct sdp_conn *c, int fd)
 {
-	int subst;
-	int r = sdp_fallback(c, fd, &subst);
+	int r = sdp_fallback(c, fd);
+	if (sdp_fb_install_hook) {
+		sdp_fb_install_hook(c, fd);
+		return r;
+	}
+	int subst = sdp_fallback_subst_take(c);
 	if (subst >= 0) {
 		int fl = sys_fcntl(fd, F_GETFD, 0);
 		syscall(SYS_dup3, subst, fd, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);

@@ -171,6 +171,7 @@ static void do_init(void)
 	};
 	fab_init(&fp);
 	sdp_az_switch_init();
+	fd_locks_init();
 	int r = sdp_pool_init();
 	if (r < 0)
 		sdp_logf("connection pool unavailable (%s): all sockets stay TCP",

@@ -8,6 +8,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <string.h>
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -24,11 +25,29 @@ static _Atomic uint32_t *holds;             /* fds per connection slot */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static _Atomic int hiwater;                 /* highest fd ever marked + 1 */
 static pthread_mutex_t listen_lock = PTHREAD_MUTEX_INITIALIZER;   /* fd_forget of listeners */
-static void listen_prepare(void) { pthread_mutex_lock(&listen_lock); }
-static void listen_parent(void) { pthread_mutex_unlock(&listen_lock); }
-static void listen_child(void) { pthread_mutex_init(&listen_lock, NULL); }
-static pthread_once_t listen_once = PTHREAD_ONCE_INIT;
-static void listen_init(void) { pthread_atfork(listen_prepare, listen_parent, listen_child); }
+static pthread_mutex_t fb_lock = PTHREAD_MUTEX_INITIALIZER;       /* fd_fb_install */
+static void locks_prepare(void)
+{
+	pthread_mutex_lock(&fb_lock);
+	pthread_mutex_lock(&listen_lock);
+}
+static void locks_parent(void)
+{
+	pthread_mutex_unlock(&listen_lock);
+	pthread_mutex_unlock(&fb_lock);
+}
+static void locks_child(void)
+{
+	pthread_mutex_init(&listen_lock, NULL);
+	pthread_mutex_init(&fb_lock, NULL);
+}
+/* Registered at the library's start (config.c), after which the fd table
+ * is used. */
+void fd_locks_init(void)
+{
+	pthread_atfork(locks_prepare, locks_parent, locks_child);
+	sdp_fb_install_hook = fd_fb_install;
+}
 
 static void mark(int fd)
 {
@@ -142,7 +161,18 @@ void fd_forget(int fd)
 	struct fdent *e = fd_get(fd);
 	if (!e)
 		return;
-	uint8_t k = atomic_exchange(&e->kind, FDK_NONE);
+	/* A number whose socket is being replaced (fd_fb_install) is closed
+	 * only after: never the number another socket takes meanwhile. */
+	uint8_t k;
+	for (;;) {
+		k = atomic_load(&e->kind);
+		if (k == FDK_FALLING) {
+			fd_wait_settled(e);
+			continue;
+		}
+		if (atomic_compare_exchange_weak(&e->kind, &k, FDK_NONE))
+			break;
+	}
 	if (k == FDK_INET)
 		epoll_drop_pending(fd);       /* registered before any connect */
 	if (k == FDK_SDP && e->c && atomic_load(&e->c->fb_done))
@@ -163,7 +193,6 @@ void fd_forget(int fd)
 		/* Another fd of this process may still name the listener - or
 		 * be in this branch for it on another thread (its kind already
 		 * NONE): the last one to clear its slot closes it, once. */
-		pthread_once(&listen_once, listen_init);
 		pthread_mutex_lock(&listen_lock);
 		struct sdp_listener *l = e->l;
 		__atomic_store_n(&e->l, NULL, __ATOMIC_RELEASE);
@@ -209,15 +238,44 @@ void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
 			break;
 		}
 	}
-	int subst;
-	sdp_fallback(c, fd, &subst);
+	sdp_fallback(c, fd);
+	fd_fb_install(c, fd);
+	/* The rings stay mapped until close: this may be a vfork child that
+	 * shares our address space with its parent. */
+}
+
+void fd_wait_settled(struct fdent *e)
+{
+	while (atomic_load(&e->kind) == FDK_FALLING)
+		sched_yield();
+}
+
+/*
+ * After the hand-back (fb_done): every number of this process naming c
+ * becomes TCP, and names the substitute socket if the peer was gone
+ * (sdp_fallback_subst_take; same close-on-exec flag). Any thread that
+ * finds the connection handed back comes here before it uses the number
+ * as TCP, and the first one does all numbers while the others wait on
+ * fb_lock: none reads the old socket while the substitute is on its way.
+ * A number is FDK_FALLING while its socket is replaced, so a close() of
+ * it on another thread waits, and the number cannot go to another socket
+ * in between (fd_forget).
+ */
+void fd_fb_install(struct sdp_conn *c, int fd)
+{
+	(void)fd;
+	pthread_mutex_lock(&fb_lock);
+	int subst = sdp_fallback_subst_take(c);
 	int hi = atomic_load(&hiwater);
 	for (int i = 0; i < hi; i++) {
-		if (atomic_load(&tab[i].kind) != FDK_SDP || tab[i].c != c)
+		uint8_t k = FDK_SDP;
+		if (tab[i].c != c || !atomic_compare_exchange_strong(&tab[i].kind, &k, FDK_FALLING))
 			continue;
+		if (tab[i].c != c) {          /* closed and taken meanwhile */
+			atomic_store(&tab[i].kind, FDK_SDP);
+			continue;
+		}
 		if (subst >= 0) {
-			/* The peer is gone: the fd now names the socket that
-			 * delivers what it left (same close-on-exec flag). */
 			int fl = sys_fcntl(i, F_GETFD, 0);
 			syscall(SYS_dup3, subst, i, fl >= 0 && (fl & FD_CLOEXEC) ? O_CLOEXEC : 0);
 		}
@@ -225,8 +283,7 @@ void fd_fallback_for(int fd, struct sdp_conn *c, const char *why)
 	}
 	if (subst >= 0)
 		sys_close(subst);
-	/* The rings stay mapped until close: this may be a vfork child that
-	 * shares our address space with its parent. */
+	pthread_mutex_unlock(&fb_lock);
 }
 
 /* Does the new program get fd: not close-on-exec, or one of the extra

@@ -30,6 +30,8 @@ enum fd_kind {
 	FDK_SDP,          /* connection over SDP: c */
 	FDK_TCP,          /* connection on plain TCP */
 	FDK_EPOLL,        /* an epoll instance with SDP members: ep */
+	FDK_FALLING,      /* SDP -> TCP: its socket being replaced (for a
+			   * moment; fd_fb_install) */
 };
 
 struct ep_shadow;
@@ -68,12 +70,18 @@ static inline int fd_kind(int fd)
 	struct fdent *e = fd_get(fd);
 	return e ? atomic_load_explicit(&e->kind, memory_order_acquire) : FDK_NONE;
 }
+void fd_wait_settled(struct fdent *e);   /* while FDK_FALLING */
 static inline struct sdp_conn *fd_conn(int fd)
 {
 	struct fdent *e = fd_get(fd);
-	if (!e || atomic_load_explicit(&e->kind, memory_order_acquire) != FDK_SDP)
+	if (!e)
 		return NULL;
-	return e->c;
+	uint8_t k = atomic_load_explicit(&e->kind, memory_order_acquire);
+	if (k == FDK_SDP)
+		return e->c;
+	if (k == FDK_FALLING)
+		fd_wait_settled(e);           /* then TCP: its new socket */
+	return NULL;
 }
 void fd_set_sdp(int fd, struct sdp_conn *c);      /* takes a process hold */
 /* A stream connection on plain TCP: recorded (for sdp stat) as kind TCP. */
@@ -92,6 +100,10 @@ void fd_fallback(int fd, struct sdp_conn *c);
 /* The same, saying why this side hands the connection back (for the log;
  * fd_fallback says whether the peer asked for it). */
 void fd_fallback_for(int fd, struct sdp_conn *c, const char *why);
+/* After a hand-back: every fd naming c becomes TCP (and the substitute
+ * socket of a peer gone, fallback.c); sdp_fb_install_hook. */
+void fd_fb_install(struct sdp_conn *c, int fd);
+void fd_locks_init(void);                /* once, at the library's start */
 void fd_before_exec(void);
 /* The same, for a program started with extra descriptors (posix_spawn). */
 void fd_before_exec_with(const int *extra, int nextra);

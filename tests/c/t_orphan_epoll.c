@@ -24,13 +24,18 @@ static void run(bool kill_it)
 	tl_watchdog(20);
 	uint16_t port;
 	int l = tl_listen(AF_INET, &port);
-	int pp[2];
+	int pp[2], go[2];
 	SYS(pipe(pp));
+	SYS(pipe(go));
 	pid_t pid = tl_fork();
 	if (pid == 0) {
 		SYS(close(pp[0]));
+		SYS(close(go[1]));
 		int fd = tl_connect(AF_INET, port);
 		expect_transport(fd);
+		char a;
+		CHECK_EQ(read(go[0], &a, 1), 1);       /* accepted: a closing client
+							* would take it back to TCP */
 		tl_send_pat(fd, 0, N, SEED, 65536);
 		CHECK_EQ(write(pp[1], "s", 1), 1);    /* all sent */
 		if (kill_it)
@@ -40,8 +45,10 @@ static void run(bool kill_it)
 		_exit(0);
 	}
 	SYS(close(pp[1]));
+	SYS(close(go[0]));
 	int s = SYS(accept(l, NULL, NULL));
 	expect_transport(s);
+	CHECK_EQ(write(go[1], "a", 1), 1);
 	int ep = SYS(epoll_create1(EPOLL_CLOEXEC));
 	struct epoll_event ev = { .events = EPOLLIN, .data.u64 = 0x5eed };
 	SYS(epoll_ctl(ep, EPOLL_CTL_ADD, s, &ev));

@@ -307,8 +307,8 @@ static void do_fallback(struct model *m)
 		left -= k;
 	}
 	uint64_t cons = atomic_load(&P->fb_rx_cons);
-	int subst = -1;
-	int r = sdp_fallback(m->c, wfd, &subst);
+	int r = sdp_fallback(m->c, wfd);
+	int subst = sdp_fallback_subst_take(m->c);
 	if (subst >= 0)
 		close(subst);
 	m->fell_back = true;
