@@ -58,6 +58,12 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 	}
 	if (how == SHUT_WR || how == SHUT_RDWR)
 		send_fin(c, fd, false);
+	/* Both directions: a thread blocked in recv() on the kernel socket
+	 * (the watcher waits there for the peer's tokens) wakes, as TCP's
+	 * shutdown wakes its readers; nothing more is read or sent on it.
+	 * (SHUT_RD alone cannot do this: our sends still wait there.) */
+	if (how == SHUT_RDWR)
+		sys_shutdown(fd, SHUT_RD);
 	/* A provider whose connection was not up yet (ofi) answers a FIN by
 	 * going to TCP: hand back now, and shut the socket as asked. */
 	if (sdp_fallback_by_peer(c) && !atomic_load(&c->fb_done) &&
@@ -88,7 +94,7 @@ void sdp_release(struct sdp_conn *c, int fd)
 	if (np > 1) {
 		/* Another process (fork) still holds the socket: drop only our
 		 * own mapping (the struct is shared, the mapping is not). */
-		ep->ops->unmap(ep);
+		sdp_conn_retire(c, SDP_RETIRE_UNMAP);
 		return;
 	}
 	uint32_t st = atomic_load(&c->state);
@@ -133,28 +139,27 @@ void sdp_release_finish(struct sdp_conn *c, int fd)
 	if (fd >= 0 && ep->ops->tokens_due(ep))
 		ep->ops->drain(ep, fd);
 	sdp_trim_close(c);                    /* before the region can be reused */
-	/* Our last write to the shared state: after it the peer may reuse
-	 * the memory. */
-	sdp_mark(c, FAB_M_CLOSED);
 	atomic_store(&c->state, SDP_ST_CLOSED);
-	ep->ops->detach(ep);
-	sdp_conn_free(c);
+	/* The closed mark - our last write to the shared state, after which
+	 * the peer may reuse the memory - goes with the detach, when no call
+	 * of another thread still reads it (sdp_conn_retire). */
+	sdp_conn_retire(c, SDP_RETIRE_DETACH | SDP_RETIRE_FREE);
 }
 
 void sdp_release_tcp(struct sdp_conn *c)
 {
 	az_conn_drop(c);                      /* re-sent on TCP: nothing in flight */
 	bool last = atomic_fetch_sub(&c->nproc, 1) == 1;
+	unsigned how = last ? SDP_RETIRE_FREE : 0;
 	if (c->ep.ops) {                      /* fell back from SDP */
 		if (last) {
-			sdp_mark(c, FAB_M_CLOSED);
-			c->ep.ops->detach(&c->ep);
+			how |= SDP_RETIRE_DETACH;     /* with the closed mark */
 		} else {
-			c->ep.ops->unmap(&c->ep);
+			how |= SDP_RETIRE_UNMAP;
 		}
 	}
-	if (last)
-		sdp_conn_free(c);
+	if (how)
+		sdp_conn_retire(c, how);
 }
 
 void sdp_conn_drop(struct sdp_conn *c)

@@ -138,6 +138,20 @@ int  sdp_pool_init(void);                         /* once per process image */
 void sdp_pool_atfork_child(void);
 struct sdp_conn *sdp_conn_alloc(void);
 void sdp_conn_free(struct sdp_conn *c);
+/*
+ * Threads of this process inside a call on c (the switch's wrappers): a
+ * close() on another thread releases the connection (its FIN, its marks)
+ * at once, but its memory - the mapping of the peer's control block and
+ * rings, the slot - is given up only when the last such call has left, as
+ * the kernel keeps a socket's file while a call holds it. Enter, then make
+ * sure the descriptor still names c (the switch does); a call that finds
+ * the connection closed returns EBADF.
+ */
+enum { SDP_RETIRE_DETACH = 1, SDP_RETIRE_UNMAP = 2, SDP_RETIRE_FREE = 4 };
+void sdp_conn_enter(struct sdp_conn *c);
+bool sdp_conn_leave(struct sdp_conn *c);          /* true: the last call left */
+uint32_t sdp_conn_calls(struct sdp_conn *c);      /* calls inside now */
+void sdp_conn_retire(struct sdp_conn *c, unsigned how);
 void sdp_proc_count(int sdp, int tcp, bool net);  /* per-process totals; net:
 						   a network fabric carries it */
 void sdp_proc_region(int accepting, bool reused);

@@ -83,6 +83,63 @@ static void proc_register(void)
 	}
 }
 
+/* Per slot, this process's own (private memory, unlike the pool): threads
+ * inside a call, and what a close left for the last of them to do. */
+static _Atomic uint32_t calls_of[SDP_POOL_CONNS];
+static _Atomic uint8_t retire_of[SDP_POOL_CONNS];
+
+static void retire_now(struct sdp_conn *c, unsigned how)
+{
+	struct fab_ep *ep = &c->ep;
+	if ((how & SDP_RETIRE_DETACH) && ep->ops) {
+		sdp_mark(c, FAB_M_CLOSED);    /* last write: the peer may reuse it */
+		ep->ops->detach(ep);
+	}
+	else if ((how & SDP_RETIRE_UNMAP) && ep->ops)
+		ep->ops->unmap(ep);
+	if (how & SDP_RETIRE_FREE)
+		sdp_conn_free(c);
+}
+
+void sdp_conn_enter(struct sdp_conn *c)
+{
+	atomic_fetch_add(&calls_of[c->idx], 1);
+}
+
+bool sdp_conn_leave(struct sdp_conn *c)
+{
+	uint32_t i = c->idx;
+	/* Dekker with sdp_conn_retire: our count's drop before our look at
+	 * retire_of, its store there before its look at the count. */
+	if (atomic_fetch_sub(&calls_of[i], 1) != 1)
+		return false;
+	if (atomic_load(&retire_of[i])) {
+		unsigned how = atomic_exchange(&retire_of[i], 0);
+		if (how)
+			retire_now(c, how);
+	}
+	return true;
+}
+
+uint32_t sdp_conn_calls(struct sdp_conn *c)
+{
+	return atomic_load(&calls_of[c->idx]);
+}
+
+void sdp_conn_retire(struct sdp_conn *c, unsigned how)
+{
+	uint32_t i = c->idx;
+	atomic_store(&retire_of[i], (uint8_t)how);
+	if (atomic_load(&calls_of[i]) == 0) {
+		how = atomic_exchange(&retire_of[i], 0);
+		if (how)
+			retire_now(c, how);
+	} else {
+		sdp_log(2, "connection %u closed while a call of another thread is in it: "
+			"released when that call returns", i);
+	}
+}
+
 int sdp_pool_init(void)
 {
 	size_t len = sdp_pool_size();
@@ -123,6 +180,9 @@ void sdp_pool_atfork_child(void)
 {
 	if (pool)
 		proc_register();
+	/* the other threads' calls are the parent's */
+	memset(calls_of, 0, sizeof calls_of);
+	memset(retire_of, 0, sizeof retire_of);
 }
 
 static void mutex_init(pthread_mutex_t *m)

@@ -83,8 +83,9 @@ static bool cond_met(struct sdp_conn *c, unsigned what, const struct wait_for *w
 	}
 	if (wf)
 		return wf->met(c, wf->arg);
-	if ((what & FAB_WAIT_RX) && (rx_more(c) || (m & FAB_M_FIN_READ)))
-		return true;
+	if ((what & FAB_WAIT_RX) && (rx_more(c) || (m & FAB_M_FIN_READ) ||
+				     atomic_load_explicit(&c->rx_shut, memory_order_relaxed)))
+		return true;                  /* (shutdown(SHUT_RD): EOF) */
 	if ((what & FAB_WAIT_CREDIT) && sdp_tx_open(c))   /* credit and window */
 		return true;
 	if ((what & FAB_WAIT_ZC) &&
@@ -324,7 +325,10 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 			return 0;
 		}
 		if (r == 0) {
-			note_wakeup_result(c, 1);
+			/* (our own shutdown of both directions ends the kernel
+			 * socket's reading too, sdp_shutdown: not the peer's) */
+			if (!atomic_load(&c->rx_shut) || !atomic_load(&c->tx_shut))
+				note_wakeup_result(c, 1);
 			return 0;
 		}
 		if (errno == EAGAIN && send_untimed)
@@ -558,6 +562,12 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 	int ret = 0;
 	atomic_fetch_add(&c->nwaiters, 1);
 	for (;;) {
+		/* Closed by another thread while we waited (sdp_conn_retire):
+		 * the descriptor number is no longer ours to sleep on. */
+		if (atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_CLOSED) {
+			ret = -EBADF;
+			break;
+		}
 		/* Arm, take the watch, then check (poll.c says why this order:
 		 * the check must follow the moment we became the watcher). */
 		uint32_t gen = atomic_load(&c->wake_gen);

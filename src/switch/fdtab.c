@@ -36,10 +36,12 @@ static void locks_parent(void)
 	pthread_mutex_unlock(&listen_lock);
 	pthread_mutex_unlock(&fb_lock);
 }
+static void defer_child(void);
 static void locks_child(void)
 {
 	pthread_mutex_init(&listen_lock, NULL);
 	pthread_mutex_init(&fb_lock, NULL);
+	defer_child();
 }
 /* Registered at the library's start (config.c), after which the fd table
  * is used. */
@@ -156,7 +158,108 @@ void fd_set_kind(int fd, int kind)
 	atomic_store_explicit(&e->kind, (uint8_t)kind, memory_order_release);
 }
 
+/*
+ * Closes that wait for calls of other threads (fd_forget_close): per pool
+ * slot, ((fd + 1) << 1) | release-the-connection, or 0. One at a time per
+ * connection; the slot cannot be reused before (the release is deferred).
+ */
+static _Atomic int64_t defer_of[SDP_POOL_CONNS];
+
+static bool defer_close(struct fdent *e, int fd, struct sdp_conn *c, bool last)
+{
+	int64_t v = ((int64_t)fd + 1) << 1 | (last ? 1 : 0), zero = 0;
+	atomic_store(&e->deferred, 1);
+	if (!atomic_compare_exchange_strong(&defer_of[c->idx], &zero, v)) {
+		atomic_store(&e->deferred, 0);
+		return false;
+	}
+	/* Dekker with fd_close_deferred: our store before our look at the
+	 * calls, the last call's leave before its look at defer_of. */
+	if (sdp_conn_calls(c) == 0 && atomic_exchange(&defer_of[c->idx], 0)) {
+		atomic_store(&e->deferred, 0);
+		return false;                 /* they left meanwhile: close now */
+	}
+	/* closed as far as the application knows: not for a program it runs */
+	int fl = sys_fcntl(fd, F_GETFD, 0);
+	if (fl >= 0 && !(fl & FD_CLOEXEC))
+		sys_fcntl(fd, F_SETFD, fl | FD_CLOEXEC);
+	sdp_log(2, "close fd %d: a call of another thread is inside its connection; "
+		"closed when that call returns", fd);
+	return true;
+}
+
+void fd_close_deferred(struct sdp_conn *c)
+{
+	if (!atomic_load(&defer_of[c->idx]))
+		return;
+	int64_t v = atomic_exchange(&defer_of[c->idx], 0);
+	if (!v)
+		return;
+	int fd = (int)(v >> 1) - 1;
+	struct fdent *e = fd_get(fd);
+	if (e)
+		atomic_store(&e->deferred, 0);
+	if (v & 1)
+		sdp_release(c, fd);
+	sys_close(fd);
+}
+
+void fd_deferred_move(int n)
+{
+	struct fdent *e = fd_get(n);
+	if (!e || !atomic_load(&e->deferred))
+		return;
+	for (uint32_t i = 0; i < SDP_POOL_CONNS; i++) {
+		int64_t v = atomic_load(&defer_of[i]);
+		if (!v || (int)(v >> 1) - 1 != n)
+			continue;
+		int h = sys_fd_high(sys_fcntl(n, F_DUPFD_CLOEXEC, 0));
+		if (h < 0)
+			return;               /* it goes with n: its FIN comes early */
+		int64_t w = ((int64_t)h + 1) << 1 | (v & 1);
+		if (atomic_compare_exchange_strong(&defer_of[i], &v, w)) {
+			struct fdent *he = fd_get(h);
+			if (he)
+				atomic_store(&he->deferred, 1);
+			atomic_store(&e->deferred, 0);
+		} else {
+			sys_close(h);         /* the call left and closed it */
+		}
+		return;
+	}
+}
+
+/* A forked child: the calls a deferred close waits for are the parent's. */
+static void defer_child(void)
+{
+	for (uint32_t i = 0; i < SDP_POOL_CONNS; i++) {
+		int64_t v = atomic_exchange(&defer_of[i], 0);
+		if (!v)
+			continue;
+		int fd = (int)(v >> 1) - 1;
+		struct fdent *e = fd_get(fd);
+		if (e)
+			atomic_store(&e->deferred, 0);
+		sys_close(fd);
+	}
+}
+
+static void forget(int fd, bool may_defer, bool *deferred);
+
 void fd_forget(int fd)
+{
+	bool d;
+	forget(fd, false, &d);
+}
+
+bool fd_forget_close(int fd)
+{
+	bool d = false;
+	forget(fd, true, &d);
+	return d;
+}
+
+static void forget(int fd, bool may_defer, bool *deferred)
 {
 	struct fdent *e = fd_get(fd);
 	if (!e)
@@ -187,7 +290,12 @@ void fd_forget(int fd)
 		struct sdp_conn *c = e->c;
 		e->c = NULL;
 		epoll_forget_fd(fd);
-		if (atomic_fetch_sub(&holds[c->idx], 1) == 1)
+		bool last = atomic_fetch_sub(&holds[c->idx], 1) == 1;
+		if (may_defer && sdp_conn_calls(c) && defer_close(e, fd, c, last)) {
+			*deferred = true;
+			return;
+		}
+		if (last)
 			sdp_release(c, fd);
 	} else if (k == FDK_LISTEN && e->l) {
 		/* Another fd of this process may still name the listener - or

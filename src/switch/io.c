@@ -66,8 +66,61 @@ struct sdp_conn *sdp_fd_conn(int fd)
 	return settle(fd, c);
 }
 
+/*
+ * Inside a call on c (sdp_conn_enter): a close() of fd on another thread
+ * keeps c's memory until we leave. Entered, fd must still name c - else it
+ * was closed since we looked it up, and the call is the kernel's (EBADF, or
+ * whatever socket took the number, as for TCP).
+ */
+bool conn_enter(struct sdp_conn *c, int fd)
+{
+	sdp_conn_enter(c);
+	if (__builtin_expect(fd_conn(fd) == c, 1))
+		return true;
+	sdp_conn_leave(c);
+	return false;
+}
+
+/* The last call to leave closes a number closed meanwhile (socket.c close). */
+void conn_leave(struct sdp_conn *c)
+{
+	int e = errno;
+	if (sdp_conn_leave(c))
+		fd_close_deferred(c);
+	errno = e;
+}
+
+static ssize_t do_send_in(struct sdp_conn *c, int fd, const struct iovec *iov,
+			  int n, int flags);
+static ssize_t do_recv_in(struct sdp_conn *c, int fd, const struct iovec *iov,
+			  int n, int flags);
+
 static ssize_t do_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 		       int n, int flags)
+{
+	if (!conn_enter(c, fd)) {
+		struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n };
+		return real_sendmsg(fd, &m, flags);
+	}
+	ssize_t r = do_send_in(c, fd, iov, n, flags);
+	conn_leave(c);
+	return r;
+}
+
+static ssize_t do_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
+		       int n, int flags)
+{
+	if (!conn_enter(c, fd)) {
+		struct msghdr m = { .msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n };
+		return real_recvmsg(fd, &m, flags);
+	}
+	ssize_t r = do_recv_in(c, fd, iov, n, flags);
+	conn_leave(c);
+	return r;
+}
+
+static ssize_t do_send_in(struct sdp_conn *c, int fd, const struct iovec *iov,
+			  int n, int flags)
 {
 	ssize_t r = sdp_send(c, fd, iov, n, flags);
 	if (r == -SDP_EFALLBACK) {
@@ -80,8 +133,8 @@ static ssize_t do_send(struct sdp_conn *c, int fd, const struct iovec *iov,
 	return sdp_ret(r);
 }
 
-static ssize_t do_recv(struct sdp_conn *c, int fd, const struct iovec *iov,
-		       int n, int flags)
+static ssize_t do_recv_in(struct sdp_conn *c, int fd, const struct iovec *iov,
+			  int n, int flags)
 {
 	ssize_t r = sdp_recv(c, fd, iov, n, flags);
 	if (r == -SDP_EFALLBACK) {

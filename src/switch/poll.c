@@ -38,6 +38,7 @@ static unsigned sdp_look(struct pollfd *fds, nfds_t i, struct sdp_conn **cs, boo
 			watch[i] = false;
 		}
 		fd_fallback(fds[i].fd, cs[i]);
+		conn_leave(cs[i]);
 		cs[i] = NULL;                 /* polled by the kernel from now on */
 		return 0;
 	}
@@ -161,8 +162,12 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 	uint32_t spin = 0;
 	for (nfds_t i = 0; i < n; i++) {
 		struct sdp_conn *c = fds[i].fd >= 0 ? sdp_fd_conn(fds[i].fd) : NULL;
-		if (c && atomic_load(&c->state) == SDP_ST_CONNECTING)
+		if (c && !conn_enter(c, fds[i].fd))
+			c = NULL;             /* closed meanwhile: the kernel's */
+		if (c && atomic_load(&c->state) == SDP_ST_CONNECTING) {
+			conn_leave(c);
 			c = NULL;             /* the kernel tells when connect ends */
+		}
 		cs[i] = c;
 		if (c) {
 			nsdp++;
@@ -284,6 +289,9 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 			fds[i].revents = 0;
 	}
 out:
+	for (nfds_t i = 0; i < n; i++)
+		if (cs[i])
+			conn_leave(cs[i]);    /* keeps errno */
 	if (cs != cs_stack) {
 		free(cs);
 		free(tmp);

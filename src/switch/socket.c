@@ -477,8 +477,15 @@ EXPORT int socketpair(int domain, int type, int protocol, int sv[2])
 EXPORT int close(int fd)
 {
 	SDP_INIT();
-	if (fd_kind(fd) != FDK_NONE && !sdp_in_vfork_child())
-		fd_forget(fd);
+	struct fdent *e = fd_get(fd);
+	if (e && !sdp_in_vfork_child()) {
+		if (__builtin_expect(atomic_load(&e->deferred), 0)) {
+			errno = EBADF;        /* closed already (fd_forget_close) */
+			return -1;
+		}
+		if (atomic_load(&e->kind) != FDK_NONE && fd_forget_close(fd))
+			return 0;             /* closed when the other call returns */
+	}
 	return real_close(fd);
 }
 
@@ -487,9 +494,11 @@ EXPORT int close_range(unsigned first, unsigned last, int flags)
 	SDP_INIT();
 	if (!(flags & CLOSE_RANGE_CLOEXEC) && !sdp_in_vfork_child()) {
 		int n = fd_table_size();
-		for (unsigned fd = first; fd <= last && (int)fd < n; fd++)
+		for (unsigned fd = first; fd <= last && (int)fd < n; fd++) {
+			fd_deferred_move((int)fd);
 			if (fd_kind((int)fd) != FDK_NONE)
 				fd_forget((int)fd);
+		}
 	}
 	return real_close_range(first, last, flags);
 }
@@ -530,6 +539,8 @@ EXPORT int dup2(int o, int n)
 	SDP_INIT();
 	if (vfork_dup(o))
 		return real_dup2(o, n);
+	if (o != n)
+		fd_deferred_move(n);
 	if (o != n && fd_kind(n) != FDK_NONE && sys_fcntl(o, F_GETFD, 0) >= 0)
 		fd_forget(n);                 /* dup2 closes n first */
 	return dup_common(o, n, real_dup2(o, n));
@@ -540,6 +551,8 @@ EXPORT int dup3(int o, int n, int flags)
 	SDP_INIT();
 	if (vfork_dup(o))
 		return real_dup3(o, n, flags);
+	if (o != n)
+		fd_deferred_move(n);
 	if (o != n && fd_kind(n) != FDK_NONE && sys_fcntl(o, F_GETFD, 0) >= 0)
 		fd_forget(n);
 	return dup_common(o, n, real_dup3(o, n, flags));
@@ -593,12 +606,14 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
 	struct sdp_conn *c = fd_conn(fd);
-	if (c && req == FIONREAD) {
+	if (c && req == FIONREAD && conn_enter(c, fd)) {
+		int v = sdp_fionread(c);
+		conn_leave(c);
 		if (!arg) {
 			errno = EFAULT;
 			return -1;
 		}
-		*(int *)arg = sdp_fionread(c);
+		*(int *)arg = v;
 		return 0;
 	}
 	int r = real_ioctl(fd, req, arg);
@@ -780,9 +795,16 @@ EXPORT int shutdown(int fd, int how)
 {
 	SDP_INIT();
 	struct sdp_conn *c = fd_conn(fd);
-	if (!c || atomic_load(&c->state) == SDP_ST_CONNECTING)
+	if (!c || !conn_enter(c, fd))
 		return real_shutdown(fd, how);
+	if (atomic_load(&c->state) == SDP_ST_CONNECTING) {
+		conn_leave(c);
+		return real_shutdown(fd, how);
+	}
 	int r = (int)sdp_ret(sdp_shutdown(c, fd, how));
+	int e = errno;
+	conn_leave(c);
 	epoll_local_change();
+	errno = e;
 	return r;
 }

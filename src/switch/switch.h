@@ -53,6 +53,10 @@ enum {
 
 struct fdent {
 	_Atomic uint8_t kind;
+	_Atomic uint8_t deferred;      /* closed by the application while a call
+					* of another thread was in its SDP
+					* connection: still open until that call
+					* returns (fd_close_deferred) */
 	_Atomic uint8_t opts;
 	/* Listener offering SDP: the TCP_DEFER_ACCEPT the application set, in
 	 * seconds as the kernel reports it, kept off the kernel socket
@@ -91,6 +95,16 @@ void fd_set_kind(int fd, int kind);
 /* Forget fd (closed by the app). Releases the SDP connection if this was
  * the process's last fd for it (fd must still be open for FIN/drain). */
 void fd_forget(int fd);
+/* close(): the same, but when another thread's call is inside the SDP
+ * connection the number stays open until that call returns (true: do not
+ * close it now), as the kernel keeps a file while a call holds it. */
+bool fd_forget_close(int fd);
+/* After the last call inside c left (io.c): a close deferred meanwhile. */
+void fd_close_deferred(struct sdp_conn *c);
+/* The application replaces or closes n by other means (dup2, dup3,
+ * close_range) while its close is deferred: the deferred socket moves to
+ * a number of ours first. */
+void fd_deferred_move(int n);
 void fd_dup(int oldfd, int newfd);
 void fd_fork_prepare(void);
 void fd_fork_failed(void);
@@ -108,6 +122,10 @@ void fd_before_exec(void);
 /* The same, for a program started with extra descriptors (posix_spawn). */
 void fd_before_exec_with(const int *extra, int nextra);
 struct sdp_conn *sdp_fd_conn(int fd);   /* fd_conn + connect/fallback upkeep */
+/* io.c: a call inside c's connection (sdp_conn_enter), if fd still names
+ * it; conn_leave closes what a close() of another thread deferred. */
+bool conn_enter(struct sdp_conn *c, int fd);
+void conn_leave(struct sdp_conn *c);
 int  fd_table_size(void);
 /* Before a seccomp filter (sandbox.c): hand every SDP connection back to
  * TCP, withdraw the listeners, release everything; returns the number of
