@@ -381,6 +381,9 @@ void ofi_cm_progress(struct ofi_dom *d);     /* the EQ, without blocking */
 void ofi_dom_added(struct ofi_dom *d);       /* a new domain's EQ wakes every connection */
 void ofi_chan_progress(struct ofi_conn *oc); /* client: the server's answer */
 void ofi_chan_close(struct ofi_conn *oc);    /* closes chan once, whoever calls */
+/* ofi_fail, only while the state is still expect (a failure of the set-up
+ * step the caller saw, not of a connection that moved on since). */
+void ofi_fail_if(struct ofi_conn *oc, int expect, int err, const char *why);
 void ofi_init(const struct fab_params *p);
 bool ofi_reaches(const struct sockaddr *peer, socklen_t len);
 

@@ -674,6 +674,11 @@ bool ofi_timed_out(struct ofi_conn *oc)
 
 void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 {
+	ofi_fail_if(oc, -1, err, why);
+}
+
+void ofi_fail_if(struct ofi_conn *oc, int expect, int err, const char *why)
+{
 	/* The fabric connection is broken: nothing more comes on it (the
 	 * tcp provider fails the posted receives after the peer's last
 	 * byte; it reports no FI_SHUTDOWN). Any thread may get here, several
@@ -685,8 +690,8 @@ void ofi_fail(struct ofi_conn *oc, int err, const char *why)
 	oc->peer_shut = true;
 	for (;;) {
 		int st = state(oc);
-		if (st == OFI_ST_DOWN || st == OFI_ST_TCP)
-			return;
+		if (st == OFI_ST_DOWN || st == OFI_ST_TCP || (expect >= 0 && st != expect))
+			return;               /* (a set-up's failure seen late) */
 		int e = err < 0 ? err : -EIO;
 		/* A link that timed out is no close of the peer's: reset, and
 		 * the application hears ETIMEDOUT as from TCP (ofi_drain). */

@@ -550,12 +550,14 @@ void ofi_chan_progress(struct ofi_conn *oc)
 	errno = e;
 	OFI_LOG(3, "ofi: answer %zd", r);
 	if (r == 1 && a == OFI_ANSWER_YES && st == OFI_ST_ANSWER) {
-		atomic_store(&oc->state, OFI_ST_WAITREQ);
+		/* (the request may have been taken meanwhile: no step back) */
+		atomic_compare_exchange_strong(&oc->state, &st, OFI_ST_WAITREQ);
 		return;
 	}
 	if (r < 0 && (errno == EAGAIN || errno == EINTR)) {
 		if (st == OFI_ST_ANSWER && ofi_now_ns() > oc->answer_by)
-			ofi_fail(oc, -ETIMEDOUT, "no answer from the server's library");
+			ofi_fail_if(oc, OFI_ST_ANSWER, -ETIMEDOUT,
+				    "no answer from the server's library");
 		return;
 	}
 	/* EOF or anything else before the request: the server did not take
@@ -565,9 +567,9 @@ void ofi_chan_progress(struct ofi_conn *oc)
 	st = atomic_load(&oc->state);
 	if (st != OFI_ST_ANSWER && st != OFI_ST_WAITREQ)
 		return;
-	ofi_fail(oc, r == 0 ? -ECONNREFUSED : r < 0 ? -errno : -EPROTO,
-		 st == OFI_ST_ANSWER ? "the server did not take the hello" :
-		 "the server gave up before connecting");
+	ofi_fail_if(oc, st, r == 0 ? -ECONNREFUSED : r < 0 ? -errno : -EPROTO,
+		    st == OFI_ST_ANSWER ? "the server did not take the hello" :
+		    "the server gave up before connecting");
 }
 
 /* ---- server -------------------------------------------------------------------- */

@@ -229,6 +229,7 @@ static inline long tl_verify(const void *buf, size_t len, uint64_t off,
  * are two hosts apart, joined by a veth pair, and the servers' address is
  * the given one instead of loopback. */
 #include <sched.h>
+#include <stdatomic.h>
 static inline const char *tl_net_server(int family)
 {
 	const char *e = getenv(family == AF_INET6 ? "TL_NET_SERVER6" : "TL_NET_SERVER4");
@@ -239,16 +240,23 @@ static inline const char *tl_net_server(int family)
 static inline void tl_net_enter(int client)
 {
 	static int home = -1, away = -1;
+	static _Atomic int once;              /* 0, 1 opening, 2 open: threads */
 	const char *ns = getenv("TL_NET_CLIENT_NS");
 	if (!ns || !*ns)
 		return;
-	if (home < 0) {
-		home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
-		away = open(ns, O_RDONLY | O_CLOEXEC);
-		if (home < 0 || away < 0) {
-			fprintf(stderr, "TL_NET_CLIENT_NS %s: %s\n", ns, strerror(errno));
-			exit(1);
+	if (atomic_load(&once) != 2) {
+		int z = 0;
+		if (atomic_compare_exchange_strong(&once, &z, 1)) {
+			home = open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC);
+			away = open(ns, O_RDONLY | O_CLOEXEC);
+			if (home < 0 || away < 0) {
+				fprintf(stderr, "TL_NET_CLIENT_NS %s: %s\n", ns, strerror(errno));
+				exit(1);
+			}
+			atomic_store(&once, 2);
 		}
+		while (atomic_load(&once) != 2)
+			sched_yield();
 	}
 	if (setns(client ? away : home, CLONE_NEWNET) < 0) {
 		fprintf(stderr, "setns: %s\n", strerror(errno));
