@@ -626,9 +626,35 @@ EXPORT int ioctl(int fd, unsigned long req, ...)
 	return r;
 }
 
+static int setsockopt_in(int fd, int level, int name, const void *val, socklen_t len);
+static int getsockopt_in(int fd, int level, int name, void *val, socklen_t *len);
+
+/* Options read and change the connection: held like a data call (io.c
+ * conn_enter), so a close() on another thread cannot release it under us. */
 EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
 	SDP_INIT();
+	struct sdp_conn *c = fd_conn(fd);
+	if (!c || !conn_enter(c, fd))
+		return setsockopt_in(fd, level, name, val, len);
+	int r = setsockopt_in(fd, level, name, val, len);
+	conn_leave(c);                        /* keeps errno */
+	return r;
+}
+
+EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+	SDP_INIT();
+	struct sdp_conn *c = fd_conn(fd);
+	if (!c || !conn_enter(c, fd))
+		return getsockopt_in(fd, level, name, val, len);
+	int r = getsockopt_in(fd, level, name, val, len);
+	conn_leave(c);
+	return r;
+}
+
+static int setsockopt_in(int fd, int level, int name, const void *val, socklen_t len)
+{
 	int dr;
 	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
 		return dr;
@@ -729,9 +755,8 @@ static int put_int(void *val, socklen_t *len, int v)
 	return 0;
 }
 
-EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+static int getsockopt_in(int fd, int level, int name, void *val, socklen_t *len)
 {
-	SDP_INIT();
 	int dr;
 	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_get(fd, val, len, &dr))
 		return dr;
