@@ -478,7 +478,9 @@ EXPORT int close(int fd)
 {
 	SDP_INIT();
 	struct fdent *e = fd_get(fd);
-	if (e && !sdp_in_vfork_child()) {
+	/* (the vfork check is a system call: only for a number we know) */
+	if (e && (atomic_load(&e->kind) != FDK_NONE || atomic_load(&e->deferred)) &&
+	    !sdp_in_vfork_child()) {
 		if (__builtin_expect(atomic_load(&e->deferred), 0)) {
 			errno = EBADF;        /* closed already (fd_forget_close) */
 			return -1;
