@@ -279,12 +279,13 @@ static void refuse_conn(int lfd, int nfd, const char *why)
 }
 
 /* Record an accepted socket; -1 when it was refused (and closed). peer:
- * its peer's address if accept() returned it whole, else NULL. */
+ * its peer's address if accept() returned it whole, else NULL. l: the
+ * listener, held since before the kernel's accept (accept_common). */
 static int after_accept(int lfd, int nfd, int flags, const struct sockaddr *peer,
-			socklen_t peer_len)
+			socklen_t peer_len, struct sdp_listener *l)
 {
 	struct fdent *e = fd_get(lfd);
-	int k = e ? atomic_load(&e->kind) : FDK_NONE;
+	int k = l ? FDK_LISTEN : e ? atomic_load(&e->kind) : FDK_NONE;
 	if (k != FDK_LISTEN && k != FDK_INET) {
 		fd_set_kind(nfd, FDK_NONE);
 		return nfd;
@@ -292,11 +293,8 @@ static int after_accept(int lfd, int nfd, int flags, const struct sockaddr *peer
 	int refuse = 0;
 	const char *why = NULL;
 	sdp_why_take();
-	/* Held: another thread may close the listening socket meanwhile. */
-	struct sdp_listener *l = k == FDK_LISTEN ? sdp_listener_hold(&e->l) : NULL;
 	struct sdp_conn *c = l ? sdp_hello_accept(l, nfd, peer, peer_len, &refuse, &why) :
 			     NULL;
-	sdp_listener_put(l);
 	if (refuse < 0) {
 		refuse_conn(lfd, nfd, why);
 		return -1;
@@ -404,10 +402,18 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 			errno = -r;
 			return -1;
 		}
+		/* The listener is held across the kernel's accept: a close of
+		 * the listening socket on another thread meanwhile must not
+		 * leave a client that sent its hello unserved (the kernel
+		 * keeps a listener a blocked accept holds, too). */
+		struct fdent *le = fd_get(fd);
+		struct sdp_listener *l = le && atomic_load(&le->kind) == FDK_LISTEN ?
+					 sdp_listener_hold(&le->l) : NULL;
 		int n = four ? real_accept4(fd, a, al, flags) : real_accept(fd, a, al);
 		int e = errno;
 		unreserve();
 		if (n < 0) {
+			sdp_listener_put(l);
 			errno = e;
 			return n;
 		}
@@ -415,7 +421,9 @@ static int accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flag
 		/* The address is whole if it fit the room given. */
 		bool whole = al && *al <= (addr ? len0 : (socklen_t)sizeof own) &&
 			     *al >= sizeof(sa_family_t);
-		if (after_accept(fd, n, flags, whole ? a : NULL, whole ? *al : 0) >= 0) {
+		int got = after_accept(fd, n, flags, whole ? a : NULL, whole ? *al : 0, l);
+		sdp_listener_put(l);
+		if (got >= 0) {
 			errno = e;
 			return n;
 		}
