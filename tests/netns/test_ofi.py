@@ -445,13 +445,16 @@ def _assert_net(tot, who, conns, tx=0, rx=0):
     assert tot["net_tx_bytes"] >= tx and tot["net_rx_bytes"] >= rx, f"{who}: {tot}"
 
 
-def _wait_fabric(ns, p, want, timeout=20):
+def _wait_fabric(ns, p, want, timeout=20, role=None):
     """`sdp stat --json` in namespace ns until `want` connections on port
-    p show "fabric": "ofi:tcp" (bounded); returns them."""
+    p (of that role, if given) show "fabric": "ofi:tcp" (bounded); returns
+    them. (`sdp stat` lists every process of the machine: the client's end
+    may show before the server has accepted.)"""
     end = time.monotonic() + timeout
     got = []
     while time.monotonic() < end:
-        got = [c for c in _conns(_stat(ns), p) if c.get("fabric") == "ofi:tcp"]
+        got = [c for c in _conns(_stat(ns), p) if c.get("fabric") == "ofi:tcp" and
+               (role is None or c.get("role") == role)]
         if len(got) >= want:
             return got
         time.sleep(0.05)
@@ -509,7 +512,7 @@ def test_redis_across_hosts(hosts, tmp_path):
     # A client blocked in BLPOP holds its connection: `sdp stat` on the
     # server's host shows it over ofi:tcp, then a push releases it.
     blk = Bg(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "blpop", "q", "60"]), env)
-    seen = _wait_fabric(hosts.a, p, 1)
+    seen = _wait_fabric(hosts.a, p, 1, role="server")
     assert any(c["role"] == "server" for c in seen), json.dumps(seen)
     r = subprocess.run(hosts.cmd(hosts.b, ["redis-cli", "-h", SRV4, "-p", p, "rpush", "q", "x"]),
                        env=env, capture_output=True, text=True, timeout=60)
