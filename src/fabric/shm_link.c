@@ -36,6 +36,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -87,10 +88,20 @@ static struct shm_link links[SHM_LINKS];
 static pthread_mutex_t links_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* Test only (tests/c/t_epoll_qreuse.c): SDP_TEST_QUEUE_DELAY_US widens the
+ * window between a queue's check and its use (q_window). 0: off. */
+static uint32_t q_delay_us;
+
 static void lock_prepare(void) { pthread_mutex_lock(&links_lock); }
 static void lock_parent(void) { pthread_mutex_unlock(&links_lock); }
 static void lock_child(void) { pthread_mutex_init(&links_lock, NULL); }
-static void init_once(void) { pthread_atfork(lock_prepare, lock_parent, lock_child); }
+static void init_once(void)
+{
+	pthread_atfork(lock_prepare, lock_parent, lock_child);
+	const char *d = getenv("SDP_TEST_QUEUE_DELAY_US");
+	if (d && *d)
+		q_delay_us = (uint32_t)strtoul(d, NULL, 10);
+}
 
 static void lock(void)
 {
@@ -434,6 +445,27 @@ static struct shm_link *queue_of(int q)
 	return k && (k->gen & Q_GEN_MASK) == (uint32_t)q >> 8 ? k : NULL;
 }
 
+/* Test only (SDP_TEST_QUEUE_DELAY_US): sleep between the check of queue q's
+ * entry k and the use of its page and descriptor, then make sure the entry
+ * is still the one checked - dropped or filled again for another link
+ * meanwhile, the caller would read an unmapped page or another link's
+ * bell: abort rather than do that. */
+static void q_window(const struct shm_link *k, int q)
+{
+	if (__builtin_expect(!q_delay_us, 1))
+		return;
+	struct shm_link_page *pg = k->pg;
+	struct timespec ts = { .tv_sec = q_delay_us / 1000000,
+			       .tv_nsec = (long)(q_delay_us % 1000000) * 1000 };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	if (k->pg != pg || (k->gen & Q_GEN_MASK) != (uint32_t)q >> 8) {
+		sdp_log(0, "link entry %d dropped or reused while its queue %#x was in use",
+			q & 0xff, (unsigned)q);
+		abort();
+	}
+}
+
 /* The kick of a queue arm the peer set (the bits q, already taken from its
  * arm word): mark the connection's key in the peer's news and ring its
  * end if a waiter of the peer sleeps and no bell is on its way. 1, or -1:
@@ -497,6 +529,7 @@ bool shm_q_pending(int q)
 	struct shm_link *k = queue_of(q);
 	if (!k)
 		return false;
+	q_window(k, q);
 	struct shm_link_dir *d = &k->pg->dir[k->side];
 	for (size_t w = 0; w < sizeof d->summary / sizeof d->summary[0]; w++)
 		if (atomic_load_explicit(&d->summary[w], memory_order_acquire))
@@ -509,6 +542,7 @@ void shm_q_sleep(int q, int delta)
 	struct shm_link *k = queue_of(q);
 	if (!k)
 		return;
+	q_window(k, q);
 	atomic_fetch_add(&k->pg->dir[k->side].sleepers, (uint32_t)delta);
 	atomic_thread_fence(memory_order_seq_cst);
 }
@@ -520,6 +554,7 @@ int shm_q_pop(int q, uint32_t *keys, int max)
 	struct shm_link *k = queue_of(q);
 	if (!k || k->owner != self())
 		return -EPIPE;
+	q_window(k, q);
 	struct shm_link_dir *d = &k->pg->dir[k->side];
 	bool eof = false;
 	if (atomic_load_explicit(&d->bell, memory_order_relaxed)) {
