@@ -492,20 +492,30 @@ struct fab_ops {
 	 * owner's memory). The same key and queue for every call on one
 	 * endpoint in one process. Any thread, under no lock. */
 	int      (*q_bind)(struct fab_ep *ep, uint32_t key);
-	/* The descriptor that becomes readable when the queue has news (level-
-	 * triggered: until q_pop took it), or -1 if the queue is gone (then
-	 * its endpoints' wake-ups come as tokens). */
+	/* A reader (an epoll set) takes the queue: what the queue is made of
+	 * (memory, descriptors) stays until its q_release, whatever happens
+	 * to the endpoints bound to it or to the peer. Returns the descriptor
+	 * that becomes readable when the queue has news (level-triggered:
+	 * until q_pop took it), or -1 if the queue is gone (then its
+	 * endpoints' wake-ups come as tokens; nothing to release). The calls
+	 * below take a queue held so, from any thread. */
+	int      (*q_hold)(int q);
+	void     (*q_release)(int q);
+	/* The descriptor of a held queue, or -1 if it is not the queue's any
+	 * more (the application closed the number): not to be touched. */
 	int      (*q_fd)(int q);
 	/* Take up to max keys of endpoints that made progress since their
 	 * queue arm; each key once (a key may come although nothing new is
 	 * there - check the endpoint). Also consumes the descriptor's
 	 * readiness. -EPIPE: the queue is gone for good (the peer process
-	 * closed its end): stop waiting on it. Any thread. */
+	 * closed its end): stop waiting on it. */
 	int      (*q_pop)(int q, uint32_t *keys, int max);
 	/* A waiter is about to sleep on the queue's descriptor (+1, a full
 	 * fence follows: check q_pending after it) or has woken (-1): the
-	 * peer rings the descriptor only while someone sleeps. */
-	void     (*q_sleep)(int q, int delta);
+	 * peer rings the descriptor only while someone sleeps. A +1 that
+	 * returns true holds the queue until its -1 (which may come after
+	 * the reader's q_release); false: the queue is gone, no -1. */
+	bool     (*q_sleep)(int q, int delta);
 	bool     (*q_pending)(int q);
 
 	/* ---- the send window (optional: NULL if the provider has none) ---- */

@@ -1073,6 +1073,8 @@ const struct fab_ops fab_shm_ops = {
 	.tx_msg      = shm_tx_msg,
 	/* readiness queues (shm_link.c) */
 	.q_bind      = shm_q_bind,
+	.q_hold      = shm_q_hold,
+	.q_release   = shm_q_release,
 	.q_fd        = shm_q_fd,
 	.q_pop       = shm_q_pop,
 	.q_sleep     = shm_q_sleep,

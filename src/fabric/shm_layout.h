@@ -288,9 +288,11 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id, 
 void shm_link_put(struct fab_ep *ep);
 int  shm_link_kick(struct fab_ep *ep, unsigned q);   /* 1: news sent; <0: no link */
 int  shm_q_bind(struct fab_ep *ep, uint32_t key);
+int  shm_q_hold(int q);
+void shm_q_release(int q);
 int  shm_q_fd(int q);
 int  shm_q_pop(int q, uint32_t *keys, int max);
-void shm_q_sleep(int q, int delta);
+bool shm_q_sleep(int q, int delta);
 bool shm_q_pending(int q);
 
 static inline struct shm_hdr *H(struct fab_ep *ep) { return ep->base; }

@@ -36,6 +36,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/random.h>
@@ -68,6 +69,11 @@ struct shm_link {                  /* process-private, copied by fork */
 					* ours was taken from us */
 	uint32_t users;                /* endpoints of this process naming it
 					* (SE(ep)->link): reused only at 0 */
+	_Atomic uint32_t holds;        /* its queue's readers: epoll sets that
+					* read it (q_hold) and sleepers counted
+					* on it (q_sleep); reused only at 0 too.
+					* Taken under links_lock, or by a holder
+					* without it; dropped without it */
 	uint32_t gen;                  /* bumped each time the entry is filled:
 					* a queue id names one filling (q_id) */
 	int32_t  taker;                /* side 0: the accepting owner last seen
@@ -87,10 +93,27 @@ static struct shm_link links[SHM_LINKS];
 static pthread_mutex_t links_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 
+/* Test only (tests/c/t_epoll_qreuse.c): SDP_TEST_QUEUE_DELAY_US widens the
+ * window between a queue's check and its use (q_window). 0: off. */
+static uint32_t q_delay_us;
+
 static void lock_prepare(void) { pthread_mutex_lock(&links_lock); }
 static void lock_parent(void) { pthread_mutex_unlock(&links_lock); }
-static void lock_child(void) { pthread_mutex_init(&links_lock, NULL); }
-static void init_once(void) { pthread_atfork(lock_prepare, lock_parent, lock_child); }
+/* A forked child reads no queue: the holds are its parent's (its copies
+ * of the parent's epoll sets use tokens). */
+static void lock_child(void)
+{
+	pthread_mutex_init(&links_lock, NULL);
+	for (int i = 0; i < SHM_LINKS; i++)
+		atomic_store_explicit(&links[i].holds, 0, memory_order_relaxed);
+}
+static void init_once(void)
+{
+	pthread_atfork(lock_prepare, lock_parent, lock_child);
+	const char *d = getenv("SDP_TEST_QUEUE_DELAY_US");
+	if (d && *d)
+		q_delay_us = (uint32_t)strtoul(d, NULL, 10);
+}
 
 static void lock(void)
 {
@@ -161,8 +184,11 @@ static void drop(struct shm_link *k)
 	k->pg = NULL;
 }
 
-/* A free entry; one whose peer or owner is gone is reused (me: our pid).
- * Locked. */
+/* A free entry; one whose peer or owner is gone is reused (me: our pid),
+ * unless an endpoint of ours names it or a reader of its queue holds it
+ * (an epoll set, or a sleeper between its check of the entry and its
+ * count off the page). Locked: a hold is taken under the lock, or by a
+ * holder, so none can come once this one saw none. */
 static struct shm_link *entry(int32_t me)
 {
 	struct shm_link *reuse = NULL;
@@ -170,7 +196,7 @@ static struct shm_link *entry(int32_t me)
 		struct shm_link *k = &links[i];
 		if (!k->pg)
 			return k;
-		if (!reuse && !k->users &&
+		if (!reuse && !k->users && !atomic_load(&k->holds) &&
 		    (atomic_load(&k->dead) || k->owner != me ||
 		     (k->side == 0 && gone(k->peer))))
 			reuse = k;
@@ -434,6 +460,48 @@ static struct shm_link *queue_of(int q)
 	return k && (k->gen & Q_GEN_MASK) == (uint32_t)q >> 8 ? k : NULL;
 }
 
+/* The entry of a queue the caller holds (q_hold, q_sleep): neither dropped
+ * nor filled again meanwhile, dead or not. */
+static struct shm_link *held_of(int q)
+{
+	if (q < 0)
+		return NULL;
+	struct shm_link *k = &links[q & 0xff];
+	return k->pg && (k->gen & Q_GEN_MASK) == (uint32_t)q >> 8 ? k : NULL;
+}
+
+/* One hold less; the release orders the holder's last use of the page and
+ * descriptor before a drop that sees no hold. Never below 0. */
+static void unhold(struct shm_link *k)
+{
+	uint32_t h = atomic_load_explicit(&k->holds, memory_order_relaxed);
+	while (h && !atomic_compare_exchange_weak_explicit(&k->holds, &h, h - 1,
+							   memory_order_release,
+							   memory_order_relaxed))
+		;
+}
+
+/* Test only (SDP_TEST_QUEUE_DELAY_US): sleep between the check of queue q's
+ * entry k and the use of its page and descriptor, then make sure the entry
+ * is still the one checked - dropped or filled again for another link
+ * meanwhile, the caller would read an unmapped page or another link's
+ * bell: abort rather than do that. */
+static void q_window(const struct shm_link *k, int q)
+{
+	if (__builtin_expect(!q_delay_us, 1))
+		return;
+	struct shm_link_page *pg = k->pg;
+	struct timespec ts = { .tv_sec = q_delay_us / 1000000,
+			       .tv_nsec = (long)(q_delay_us % 1000000) * 1000 };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	if (k->pg != pg || (k->gen & Q_GEN_MASK) != (uint32_t)q >> 8) {
+		sdp_log(0, "link entry %d dropped or reused while its queue %#x was in use",
+			q & 0xff, (unsigned)q);
+		abort();
+	}
+}
+
 /* The kick of a queue arm the peer set (the bits q, already taken from its
  * arm word): mark the connection's key in the peer's news and ring its
  * end if a waiter of the peer sleeps and no bell is on its way. 1, or -1:
@@ -486,10 +554,36 @@ int shm_q_bind(struct fab_ep *ep, uint32_t key)
 	return q_id(SE(ep)->link);
 }
 
+/* An epoll set reads queue q from now on: its entry stays (its page
+ * mapped, its descriptor open) until shm_q_release, even if the link dies
+ * and no endpoint names it any more. Returns the descriptor, or -1: the
+ * queue is gone, not ours, or its descriptor was taken from us. */
+int shm_q_hold(int q)
+{
+	lock();
+	struct shm_link *k = queue_of(q);
+	int fd = -1;
+	if (k && k->owner == self() && ino_of(k->sock, NULL) == k->sock_ino) {
+		atomic_fetch_add_explicit(&k->holds, 1, memory_order_relaxed);
+		fd = k->sock;
+	}
+	unlock();
+	return fd;
+}
+
+void shm_q_release(int q)
+{
+	struct shm_link *k = held_of(q);
+	if (k)
+		unhold(k);
+}
+
+/* The descriptor of a queue we hold, while still ours (the application
+ * may have closed the number and reused it: -1 then). */
 int shm_q_fd(int q)
 {
-	struct shm_link *k = queue_of(q);
-	return k && k->owner == self() ? k->sock : -1;
+	struct shm_link *k = held_of(q);
+	return k && k->owner == self() && ino_of(k->sock, NULL) == k->sock_ino ? k->sock : -1;
 }
 
 bool shm_q_pending(int q)
@@ -497,6 +591,7 @@ bool shm_q_pending(int q)
 	struct shm_link *k = queue_of(q);
 	if (!k)
 		return false;
+	q_window(k, q);
 	struct shm_link_dir *d = &k->pg->dir[k->side];
 	for (size_t w = 0; w < sizeof d->summary / sizeof d->summary[0]; w++)
 		if (atomic_load_explicit(&d->summary[w], memory_order_acquire))
@@ -504,13 +599,28 @@ bool shm_q_pending(int q)
 	return false;
 }
 
-void shm_q_sleep(int q, int delta)
+/* +1 (by a holder of q): counted as asleep on a live queue, and holding
+ * it until the -1 - which comes after the sleep, when the set may have
+ * given the queue up (another thread removed its last member). */
+bool shm_q_sleep(int q, int delta)
 {
-	struct shm_link *k = queue_of(q);
+	if (delta > 0) {
+		struct shm_link *k = queue_of(q);
+		if (!k)
+			return false;
+		atomic_fetch_add_explicit(&k->holds, 1, memory_order_relaxed);
+		q_window(k, q);
+		atomic_fetch_add(&k->pg->dir[k->side].sleepers, 1);
+		atomic_thread_fence(memory_order_seq_cst);
+		return true;
+	}
+	struct shm_link *k = held_of(q);
 	if (!k)
-		return;
-	atomic_fetch_add(&k->pg->dir[k->side].sleepers, (uint32_t)delta);
-	atomic_thread_fence(memory_order_seq_cst);
+		return false;
+	q_window(k, q);
+	atomic_fetch_sub(&k->pg->dir[k->side].sleepers, 1);
+	unhold(k);
+	return true;
 }
 
 /* Bells first (so that news set after this pop rings again), then the
@@ -520,6 +630,7 @@ int shm_q_pop(int q, uint32_t *keys, int max)
 	struct shm_link *k = queue_of(q);
 	if (!k || k->owner != self())
 		return -EPIPE;
+	q_window(k, q);
 	struct shm_link_dir *d = &k->pg->dir[k->side];
 	bool eof = false;
 	if (atomic_load_explicit(&d->bell, memory_order_relaxed)) {

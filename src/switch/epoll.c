@@ -182,7 +182,13 @@ static void count_parked(struct ep_ent *e, bool parked)
 /*
  * A queue is read by one set of the process (its claim): a waiter that
  * took another set's news from it would leave that set asleep. Members
- * whose queue another set reads, or that have none, use tokens.
+ * whose queue another set reads, or that have none, use tokens. The set
+ * also holds the queue in the provider (q_hold) from its claim until it
+ * gives the queue up (queue_drop: its last member gone, the set closed,
+ * the process leaving SDP; queue_dead): until then the provider keeps what
+ * the queue is made of, so that a pop never reads a page or descriptor
+ * that went to another peer process meanwhile. A forked child's copy of
+ * the set holds nothing (the provider forgets the holds in the child).
  */
 static struct ep_shadow *_Atomic q_claim[256];
 
@@ -221,10 +227,12 @@ static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 		sdp_log(3, "epoll fd %d: queue %d is read by another set", s->epfd, q);
 		return 0;
 	}
-	int fd = o->q_fd(q);
+	int fd = o->q_hold(q);
 	struct epoll_event kev = { .events = EPOLLIN | EPOLLET,
 				   .data.u64 = TAGQ | (uint32_t)free_i };
 	if (fd < 0 || real_epoll_ctl(s->epfd, EPOLL_CTL_ADD, fd, &kev) < 0) {
+		if (fd >= 0)
+			o->q_release(q);
 		atomic_store(&q_claim[Q_IDX(q)], NULL);
 		return 0;
 	}
@@ -233,16 +241,28 @@ static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 	return (uint8_t)(free_i + 1);
 }
 
-/* Give queue i of s up: out of the kernel set (if its descriptor is still
- * the queue's: the application may have closed and reused the number),
- * and its claim. Called locked. */
+/* Stop reading queue i of s: out of the kernel set (if its descriptor is
+ * still the queue's: the application may have closed and reused the
+ * number), and the provider's hold released - only in the process that
+ * took it. Called locked, once per queue (dead or dropped). */
+static void queue_unhold(struct ep_shadow *s, struct ep_queue *x)
+{
+	if (s->qpid != sdp_pid)
+		return;
+	if (x->ops->q_fd(x->q) == x->fd)
+		real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, x->fd, NULL);
+	x->ops->q_release(x->q);
+}
+
+/* Give queue i of s up: its hold (unless dead: released then) and its
+ * claim. Called locked. */
 static void queue_drop(struct ep_shadow *s, int i)
 {
 	struct ep_queue *x = &s->qs[i];
 	if (!x->ops)
 		return;
-	if (s->qpid == sdp_pid && x->ops->q_fd(x->q) == x->fd)
-		real_epoll_ctl(s->epfd, EPOLL_CTL_DEL, x->fd, NULL);
+	if (!x->dead)
+		queue_unhold(s, x);
 	struct ep_shadow *me = s;
 	atomic_compare_exchange_strong(&q_claim[Q_IDX(x->q)], &me, NULL);
 	*x = (struct ep_queue){ 0 };
@@ -261,13 +281,16 @@ static void ent_unqueue(struct ep_shadow *s, struct ep_ent *e)
 
 /* The queue is gone (its peer process closed its end): its members go
  * back to tokens at their next arm; a peer's kick that finds no link
- * sends a token, so nothing is missed meanwhile. */
+ * sends a token, so nothing is missed meanwhile. Nothing reads it any
+ * more: its descriptor leaves the kernel set and the hold goes now (the
+ * slot stays until its members leave). */
 static void queue_dead(struct ep_shadow *s, int i)
 {
 	struct ep_queue *x = &s->qs[i];
 	if (!x->ops || x->dead)
 		return;
 	x->dead = true;
+	queue_unhold(s, x);
 	s->full = true;                   /* its members: tokens, every scan */
 	struct ep_shadow *me = s;
 	atomic_compare_exchange_strong(&q_claim[Q_IDX(x->q)], &me, NULL);
@@ -303,8 +326,8 @@ static int queue_take(struct ep_shadow *s, int i)
 	}
 }
 
-/* The queues a sleeper counted itself on, to count itself off the same
- * ones (the set may drop or gain queues meanwhile). */
+/* The queues a sleeper counted itself on (and holds), to count itself off
+ * the same ones (the set may drop or gain queues meanwhile). */
 struct q_sleep {
 	const struct fab_ops *ops[EP_QMAX];
 	int q[EP_QMAX];
@@ -328,9 +351,12 @@ static bool queues_sleep(struct ep_shadow *s, struct q_sleep *z)
 		struct ep_queue *x = &s->qs[i];
 		if (!x->ops || x->dead)
 			continue;
-		x->ops->q_sleep(x->q, +1);
-		z->ops[z->n] = x->ops;
-		z->q[z->n++] = x->q;
+		if (x->ops->q_sleep(x->q, +1)) {
+			/* Held until queues_wake: the set may give the queue
+			 * up while we sleep. */
+			z->ops[z->n] = x->ops;
+			z->q[z->n++] = x->q;
+		}
 		if (queue_take(s, i) > 0)
 			news = true;
 	}

@@ -36,6 +36,10 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
             "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"},
             "t_epoll_queue": {"SDP_SPIN_US": "0"},
+            # the library sleeps 20 ms between a readiness queue's check
+            # and its use, and aborts if the entry changed meanwhile
+            "t_epoll_qreuse": {"SDP_SPIN_US": "0",
+                               "SDP_TEST_QUEUE_DELAY_US": "20000"},
             # the rings carry every byte (zero copy off), start at 4 slots
             "t_rcvbuf": {"SDP_ZCOPY_THRESH": "0", "SDP_RING_START": "4"},
             # 2 GiB regions: eight would not fit an arena a peer maps
