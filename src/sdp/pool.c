@@ -243,8 +243,11 @@ struct sdp_conn *sdp_conn_alloc(void)
 {
 	if (!pool)
 		return NULL;
+	/* From the slot freed last (or after the one taken last): churn
+	 * reuses a few warm slots instead of walking all 16384, each first
+	 * touch a page fault and, over time, the whole pool resident. */
 	uint32_t n = pool->nconns;
-	uint32_t start = atomic_fetch_add(&pool->hint, 1) % n;
+	uint32_t start = atomic_load_explicit(&pool->hint, memory_order_relaxed) % n;
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t i = (start + k) % n;
 		struct sdp_conn *c = &conns()[i];
@@ -253,6 +256,8 @@ struct sdp_conn *sdp_conn_alloc(void)
 			continue;
 		if (!atomic_compare_exchange_strong(&c->inuse, &zero, 1))
 			continue;
+		atomic_store_explicit(&pool->hint, i + 1 < n ? i + 1 : 0,
+				      memory_order_relaxed);
 		memset((char *)c + sizeof c->inuse, 0, sizeof *c - sizeof c->inuse);
 		c->idx = i;
 		c->creator_pid = (int32_t)sdp_pid;
@@ -273,6 +278,8 @@ void sdp_conn_free(struct sdp_conn *c)
 {
 	atomic_store(&c->state, SDP_ST_FREE);
 	atomic_store(&c->inuse, 0);
+	if (pool)
+		atomic_store_explicit(&pool->hint, c->idx, memory_order_relaxed);
 }
 
 void sdp_proc_note_socket(void)
