@@ -18,6 +18,7 @@
 #include "sdp/calib.h"
 #include "sdp/pool.h"
 #include "sdp/log.h"
+#include "sdp/spin.h"
 #include "sdp/sys.h"
 
 pid_t sdp_pid;
@@ -264,7 +265,7 @@ struct sdp_conn *sdp_conn_alloc(void)
 		c->created_ns = sdp_now_ns();
 		atomic_store(&c->nproc, 1);
 		atomic_store(&c->spin_us, sdp_tun.spin_us);
-		atomic_store(&c->spin_cur, sdp_tun.spin_us);
+		atomic_store(&c->spin_cur, sdp_spin_initial(sdp_tun.spin_us));
 		atomic_store(&c->zcopy_thresh, 0);   /* SDP connections: hello.c */
 		atomic_store(&c->rcvlowat, 1);
 		mutex_init(&c->tx_lock);
