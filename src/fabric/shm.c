@@ -39,6 +39,7 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <string.h>
@@ -850,6 +851,14 @@ static int send_token(struct fab_ep *ep, int wfd)
 		if (v & TOKENS_FROZEN)
 			return 0;
 	} while (!atomic_compare_exchange_weak(ts, &v, v + 1));
+	/* The socket carries 1-byte tokens only: Nagle would hold the second
+	 * behind the first one's delayed ACK. Set at the first token rather
+	 * than at set-up (most short connections never send one). */
+	if (!atomic_load_explicit(&SE(ep)->nodelay, memory_order_acquire)) {
+		int one = 1;
+		sys_setsockopt(wfd, SOL_TCP, TCP_NODELAY, &one, sizeof one);
+		atomic_store_explicit(&SE(ep)->nodelay, 1, memory_order_release);
+	}
 	int r = shm_token_write(wfd);
 	if (r == 1)
 		return 1;

@@ -109,7 +109,10 @@ struct shm_ep {
 					  * grow at the next wrap of the window */
 	_Atomic uint32_t touch;          /* slots of our ring written since the
 					  * last trim (high-water mark) */
-	uint32_t pad_w;
+	_Atomic uint32_t nodelay;        /* 1 once TCP_NODELAY is set on the TCP
+					  * socket: before the first token (a
+					  * connection that never sends one makes
+					  * no such call) */
 	_Atomic uint64_t idle_prod;      /* my_prod at the last idle look */
 	_Atomic uint64_t idle_since;     /* sdp_now_ns() since when my_prod has
 					  * stayed idle_prod with the ring empty */

@@ -23,6 +23,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdint.h>
@@ -544,6 +546,10 @@ int sdp_fallback(struct sdp_conn *c, int fd)
 		goto done;
 	}
 	leave(c, fd);
+	/* What was true of the socket while on SDP stays true on TCP: no
+	 * Nagle (set at the first token, if any was sent). */
+	int one = 1;
+	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &one, sizeof one);
 	r = wait_peer_final(c, fd);
 	if (r < 0)
 		goto done;                    /* shut down below: a reset */

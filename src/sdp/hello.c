@@ -177,6 +177,11 @@ int sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listene
 	l->uid = geteuid();
 	l->pref = pref;
 	l->k = k;
+	static const uint8_t zero[16];
+	if (memcmp(k.addr, zero, k.family == AF_INET ? 4 : 16) && len <= sizeof l->addr) {
+		memcpy(&l->addr, &a, len);
+		l->addrlen = len;
+	}
 	l->join = -1;
 	l->shfd = -1;
 	l->refs = 1;
@@ -654,7 +659,7 @@ static bool net_pend(struct sdp_listener *l, int s, const struct sdp_hello *h, i
  * are done (take_mine). Returns 0, or -errno if the queue could not be read
  * (no descriptor left for a rendezvous connection). */
 static int drain_queue(struct sdp_listener *l, const struct key *lk,
-		       const struct key *pk, bool shared)
+		       const struct key *pk, bool shared, bool net)
 {
 	uint64_t now = sdp_now_ns(), mark = 0;
 	struct key tl, tp;
@@ -695,7 +700,7 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 		if (drain_stop(l, 1, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
 	}
-	while (l->net1 > 0) {
+	while (net && l->net1 > 0) {
 		int s = sys_accept4(l->net1 - 1, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (s < 0)
 			break;
@@ -758,7 +763,7 @@ enum look { LOOK_NONE = 0, LOOK_HELLO, LOOK_WAKE, LOOK_RESET };
  * others; one that cannot go back is recorded for whoever accepts its
  * connection, which resets it. LOOK_RESET: *err says why. */
 static enum look take_mine(struct sdp_listener *l, const struct key *lk,
-			   const struct key *pk, struct pending *mine, int *err,
+			   const struct key *pk, bool net, struct pending *mine, int *err,
 			   const char **why)
 {
 	memset(mine, 0, sizeof *mine);
@@ -774,7 +779,7 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 		return LOOK_RESET;
 	}
 	bool shared = atomic_load(&l->sh->nproc) > 1;
-	int unreadable = drain_queue(l, lk, pk, shared);
+	int unreadable = drain_queue(l, lk, pk, shared, net);
 	int best = -1;
 	uint64_t now = sdp_now_ns();
 	enum look res = LOOK_NONE;
@@ -829,14 +834,18 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 }
 
 /* Look in our rendezvous, then in those of less specific names of our
- * port that we joined (clients may have used one of those). */
+ * port that we joined (clients may have used one of those). net: the
+ * client is reached over a network provider, so its hello came to the
+ * network rendezvous; a client of this host's cannot have used that one,
+ * whose queue is then left for the accept of one of its own connections
+ * (one system call less per local connection). */
 static enum look take_any(struct sdp_listener *l, const struct key *lk,
-			  const struct key *pk, struct pending *mine, int *err,
-			  const char **why)
+			  const struct key *pk, bool net, struct pending *mine,
+			  int *err, const char **why)
 {
-	enum look r = take_mine(l, lk, pk, mine, err, why);
+	enum look r = take_mine(l, lk, pk, net, mine, err, why);
 	for (int i = 0; i < l->nwider && r == LOOK_NONE; i++)
-		r = take_mine(l->wider[i], lk, pk, mine, err, why);
+		r = take_mine(l->wider[i], lk, pk, net, mine, err, why);
 	return r;
 }
 
@@ -896,7 +905,12 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
 		memcpy(&pa, peer, peer_len);
 		pl = peer_len;
 	}
-	if (!l || sys_getsockname(newfd, &la, &ll) < 0 ||
+	/* A listener bound to one address gives it to all it accepts. */
+	if (l && l->addrlen) {
+		memcpy(&la, &l->addr, l->addrlen);
+		ll = l->addrlen;
+	}
+	if (!l || (!l->addrlen && sys_getsockname(newfd, &la, &ll) < 0) ||
 	    (!(peer && peer_len <= sizeof pa) && sys_getpeername(newfd, &pa, &pl) < 0) ||
 	    key_of(&la.sa, ll, &lk) < 0 || key_of(&pa.sa, pl, &pk) < 0) {
 		sdp_why("cannot name the connection's addresses");
@@ -910,6 +924,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
 		return NULL;              /* a remote client cannot have said hello */
 	}
 	bool pending_join = (l->group || l->nwider) && unjoined(l);
+	bool net = !may || (may->traits & FAB_T_REMOTE);
 
 	/* A hello left over from an earlier connection of the same 4-tuple
 	 * that never completed (its client failed or died) names memory that
@@ -926,7 +941,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
 		struct pending mine;
 		int err = 0;
 		const char *w = NULL;
-		enum look lr = take_any(l, &lk, &pk, &mine, &err, &w);
+		enum look lr = take_any(l, &lk, &pk, net, &mine, &err, &w);
 		if (lr == LOOK_WAKE) {
 			*refuse = 1;
 			return NULL;
@@ -1124,16 +1139,14 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	 * picks a port then - or a port of the application's: many client
 	 * libraries bind before connecting) takes the same path: the kernel
 	 * keeps the bound port and chooses the source address at connect (a
-	 * v4-mapped one for an IPv6 socket connecting to IPv4). Only a socket
-	 * bound to an address and a port needs none of this. */
+	 * v4-mapped one for an IPv6 socket connecting to IPv4). A socket bound
+	 * to an address and a port goes the same way too (the kernel keeps
+	 * both): one path, and no getsockname to tell them apart first. */
 	union sdp_addr la;
 	socklen_t ll = sizeof la;
 	struct key lk;
-	if (sys_getsockname(fd, &la, &ll) < 0 || key_of(&la.sa, ll, &lk) < 0)
-		goto fail;
 	static const uint8_t zero[16];
-	bool any_addr = !memcmp(lk.addr, zero, lk.family == AF_INET ? 4 : 16);
-	if (lk.port == 0 || any_addr) {
+	{
 		int one = 1;
 		why = "no deferred connect (TCP_FASTOPEN_CONNECT)";
 		if (sys_setsockopt(fd, SOL_TCP, TCP_FASTOPEN_CONNECT, &one, sizeof one) < 0 ||

@@ -18,6 +18,7 @@
 #include "sdp/calib.h"
 #include "sdp/pool.h"
 #include "sdp/log.h"
+#include "sdp/spin.h"
 #include "sdp/sys.h"
 
 pid_t sdp_pid;
@@ -243,8 +244,11 @@ struct sdp_conn *sdp_conn_alloc(void)
 {
 	if (!pool)
 		return NULL;
+	/* From the slot freed last (or after the one taken last): churn
+	 * reuses a few warm slots instead of walking all 16384, each first
+	 * touch a page fault and, over time, the whole pool resident. */
 	uint32_t n = pool->nconns;
-	uint32_t start = atomic_fetch_add(&pool->hint, 1) % n;
+	uint32_t start = atomic_load_explicit(&pool->hint, memory_order_relaxed) % n;
 	for (uint32_t k = 0; k < n; k++) {
 		uint32_t i = (start + k) % n;
 		struct sdp_conn *c = &conns()[i];
@@ -253,13 +257,15 @@ struct sdp_conn *sdp_conn_alloc(void)
 			continue;
 		if (!atomic_compare_exchange_strong(&c->inuse, &zero, 1))
 			continue;
+		atomic_store_explicit(&pool->hint, i + 1 < n ? i + 1 : 0,
+				      memory_order_relaxed);
 		memset((char *)c + sizeof c->inuse, 0, sizeof *c - sizeof c->inuse);
 		c->idx = i;
 		c->creator_pid = (int32_t)sdp_pid;
 		c->created_ns = sdp_now_ns();
 		atomic_store(&c->nproc, 1);
 		atomic_store(&c->spin_us, sdp_tun.spin_us);
-		atomic_store(&c->spin_cur, sdp_tun.spin_us);
+		atomic_store(&c->spin_cur, sdp_spin_initial(sdp_tun.spin_us));
 		atomic_store(&c->zcopy_thresh, 0);   /* SDP connections: hello.c */
 		atomic_store(&c->rcvlowat, 1);
 		mutex_init(&c->tx_lock);
@@ -273,6 +279,8 @@ void sdp_conn_free(struct sdp_conn *c)
 {
 	atomic_store(&c->state, SDP_ST_FREE);
 	atomic_store(&c->inuse, 0);
+	if (pool)
+		atomic_store_explicit(&pool->hint, c->idx, memory_order_relaxed);
 }
 
 void sdp_proc_note_socket(void)

@@ -98,6 +98,11 @@ struct sdp_listener {
 	uint64_t join_nonce;
 	uint64_t join_retry_ns;        /* no new request before then */
 	struct key k;                  /* the address the name stands for */
+	struct sockaddr_storage addr;  /* the listening socket's own address, when
+					* bound to one (not a wildcard): every
+					* connection it accepts has it (getsockname
+					* of the listener); addrlen 0 otherwise */
+	socklen_t addrlen;
 	struct sdp_listener *wider[WIDER_MAX];  /* less specific names of our
 					* port whose clients' SYNs we may get */
 	int nwider;

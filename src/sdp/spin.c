@@ -30,12 +30,35 @@ uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_
 	return b;
 }
 
-void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended)
+/*
+ * The process keeps a budget of its own under the same rule, fed by every
+ * spin's result, and a new connection starts from it rather than from the
+ * maximum: a server that makes a connection (and a thread) per client
+ * would otherwise spin each one's first waits in full however busy the
+ * CPUs are, and under churn most waits are first waits.
+ */
+static _Atomic uint32_t proc_cur = UINT32_MAX;
+
+static void adapt(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended)
 {
 	uint32_t b = atomic_load_explicit(cur, memory_order_relaxed);
+	if (b > max)
+		b = max;
 	uint32_t nb = hit ? max : contended ? b / 2 : b;
-	if (nb != b)
+	if (nb != atomic_load_explicit(cur, memory_order_relaxed))
 		atomic_store_explicit(cur, nb, memory_order_relaxed);
+}
+
+void sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended)
+{
+	adapt(cur, max, hit, contended);
+	adapt(&proc_cur, max, hit, contended);
+}
+
+uint32_t sdp_spin_initial(uint32_t max)
+{
+	uint32_t p = atomic_load_explicit(&proc_cur, memory_order_relaxed);
+	return p < max ? p : max;
 }
 
 /* A sched_yield that returns later than this ran another task. */

@@ -90,6 +90,9 @@ int  sdp_spin_step(struct sdp_spin *s);
  * whether spinning paid off (hit) and whether the CPU was wanted. */
 uint32_t sdp_spin_budget(_Atomic uint32_t *cur, _Atomic uint32_t *waits, uint32_t max);
 void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool contended);
+/* The budget a new connection starts with: where this process's spins
+ * have lately brought theirs (at most max). */
+uint32_t sdp_spin_initial(uint32_t max);
 /* sched_yield that says whether it ran another task (the CPU is wanted). */
 bool     sdp_yield(void);
 /* Did this thread's last spin find its CPU wanted? (Then a wait that has

@@ -78,7 +78,9 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 	}
 	/* The TCP socket now only carries 1-byte wake-up tokens: Nagle or a
 	 * cork would hold them back behind delayed ACKs. The application's
-	 * own settings are remembered and reported back to it. */
+	 * own settings are remembered and reported back to it. TCP_NODELAY
+	 * itself: a network provider's now; shm sets it before its first
+	 * token (shm.c send_token), and a hand-back before its re-send. */
 	int v = 0;
 	socklen_t vl = sizeof v;
 	if ((opts & OPT_NODELAY) && sys_getsockopt(fd, SOL_TCP, TCP_NODELAY, &v, &vl) == 0)
@@ -90,7 +92,8 @@ static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 		sys_setsockopt(fd, SOL_TCP, TCP_CORK, &v, sizeof v);
 	}
 	v = 1;
-	sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
+	if (!c->ep.ops || (c->ep.ops->traits & FAB_T_REMOTE))
+		sys_setsockopt(fd, SOL_TCP, TCP_NODELAY, &v, sizeof v);
 	/* Buffer sizes the application chose (on this socket or, inherited
 	 * by the kernel, on its listener) limit the bytes in flight. */
 	if (opts & OPT_SNDBUF)
@@ -346,14 +349,33 @@ static void unreserve(void)
 		sys_close(spare[--nspare]);
 }
 
+/* Is the last accepted descriptor within 64 of RLIMIT_NOFILE? The limit is
+ * read at most every NOFILE_TTL_NS while far from it (a getrlimit per
+ * accept was one system call in 14 of a connection's set-up), and read
+ * afresh whenever the remembered one says near. */
+#define NOFILE_TTL_NS 100000000ull
+static bool near_nofile(void)
+{
+	static _Atomic uint64_t lim, at_ns;      /* rlim_cur (0: none), when read */
+	rlim_t last = (rlim_t)atomic_load(&accept_last);
+	uint64_t now = sdp_now_ns(), l = atomic_load_explicit(&lim, memory_order_relaxed);
+	if (l && now - atomic_load_explicit(&at_ns, memory_order_relaxed) < NOFILE_TTL_NS &&
+	    last + 64 < l)
+		return false;
+	struct rlimit rl;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return false;
+	atomic_store_explicit(&lim, rl.rlim_cur == RLIM_INFINITY ? UINT64_MAX :
+			      (uint64_t)rl.rlim_cur, memory_order_relaxed);
+	atomic_store_explicit(&at_ns, now, memory_order_relaxed);
+	return rl.rlim_cur != RLIM_INFINITY && last + 64 >= rl.rlim_cur;
+}
+
 /* 0, or -EMFILE when the descriptors are not there. */
 static int reserve(int lfd)
 {
 	struct fdent *e = fd_get(lfd);
-	struct rlimit rl;
-	if (!e || atomic_load(&e->kind) != FDK_LISTEN || !e->l ||
-	    getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
-	    (rlim_t)atomic_load(&accept_last) + 64 < rl.rlim_cur)
+	if (!e || atomic_load(&e->kind) != FDK_LISTEN || !e->l || !near_nofile())
 		return 0;                     /* plenty of room (the usual case) */
 	/* Hellos already taken hold their memfds: the connections they name
 	 * are the next ones in the kernel's queue, and taking one of those
