@@ -177,8 +177,11 @@ int sdp_pool_init(void)
 	return 0;
 }
 
+static atomic_flag free_busy;          /* below: the slots this process freed */
+
 void sdp_pool_atfork_child(void)
 {
+	atomic_flag_clear(&free_busy);        /* a thread of the parent's had it */
 	if (pool)
 		proc_register();
 	/* the other threads' calls are the parent's */
@@ -240,25 +243,66 @@ uint32_t sdp_zcopy_default(void)
 	return sdp_tun.zcopy_thresh;
 }
 
+/*
+ * Slots this process freed, the last on top: the next connections take
+ * them again, warm, so churn touches a few slots instead of walking all
+ * 16384 (each first touch a page fault, and over time the whole pool
+ * resident: tests/c/t_pool_warm.c). Only a hint - an entry is taken with
+ * the same CAS on inuse as any slot, so a slot a forked sibling took
+ * meanwhile is skipped. Guarded by a try-lock: a call from a signal
+ * handler that interrupted its own thread in here does without it.
+ */
+#define FREE_MAX 1024
+static uint32_t free_top[FREE_MAX];
+static uint32_t nfree;
+static atomic_flag free_busy = ATOMIC_FLAG_INIT;
+
+static struct sdp_conn *take_slot(uint32_t i)
+{
+	struct sdp_conn *c = &conns()[i];
+	uint32_t zero = 0;
+	if (atomic_load_explicit(&c->inuse, memory_order_relaxed) ||
+	    !atomic_compare_exchange_strong(&c->inuse, &zero, 1))
+		return NULL;
+	return c;
+}
+
+static struct sdp_conn *take_freed(void)
+{
+	struct sdp_conn *c = NULL;
+	if (atomic_flag_test_and_set_explicit(&free_busy, memory_order_acquire))
+		return NULL;
+	while (!c && nfree)
+		c = take_slot(free_top[--nfree]);
+	atomic_flag_clear_explicit(&free_busy, memory_order_release);
+	return c;
+}
+
+static void put_freed(uint32_t i)
+{
+	if (atomic_flag_test_and_set_explicit(&free_busy, memory_order_acquire))
+		return;                       /* the scan finds it */
+	if (nfree < FREE_MAX)
+		free_top[nfree++] = i;
+	atomic_flag_clear_explicit(&free_busy, memory_order_release);
+}
+
 struct sdp_conn *sdp_conn_alloc(void)
 {
 	if (!pool)
 		return NULL;
-	/* From the slot freed last (or after the one taken last): churn
-	 * reuses a few warm slots instead of walking all 16384, each first
-	 * touch a page fault and, over time, the whole pool resident. */
-	uint32_t n = pool->nconns;
+	uint32_t n = pool->nconns, i = 0;
+	struct sdp_conn *c = take_freed();
+	/* None freed: on from the slot after the one taken last. */
 	uint32_t start = atomic_load_explicit(&pool->hint, memory_order_relaxed) % n;
-	for (uint32_t k = 0; k < n; k++) {
-		uint32_t i = (start + k) % n;
-		struct sdp_conn *c = &conns()[i];
-		uint32_t zero = 0;
-		if (atomic_load_explicit(&c->inuse, memory_order_relaxed))
-			continue;
-		if (!atomic_compare_exchange_strong(&c->inuse, &zero, 1))
-			continue;
-		atomic_store_explicit(&pool->hint, i + 1 < n ? i + 1 : 0,
-				      memory_order_relaxed);
+	for (uint32_t k = 0; !c && k < n; k++) {
+		i = (start + k) % n;
+		if ((c = take_slot(i)) != NULL)
+			atomic_store_explicit(&pool->hint, i + 1 < n ? i + 1 : 0,
+					      memory_order_relaxed);
+	}
+	if (c) {
+		i = (uint32_t)(c - conns());
 		memset((char *)c + sizeof c->inuse, 0, sizeof *c - sizeof c->inuse);
 		c->idx = i;
 		c->creator_pid = (int32_t)sdp_pid;
@@ -270,9 +314,8 @@ struct sdp_conn *sdp_conn_alloc(void)
 		atomic_store(&c->rcvlowat, 1);
 		mutex_init(&c->tx_lock);
 		mutex_init(&c->rx_lock);
-		return c;
 	}
-	return NULL;
+	return c;
 }
 
 void sdp_conn_free(struct sdp_conn *c)
@@ -280,7 +323,7 @@ void sdp_conn_free(struct sdp_conn *c)
 	atomic_store(&c->state, SDP_ST_FREE);
 	atomic_store(&c->inuse, 0);
 	if (pool)
-		atomic_store_explicit(&pool->hint, c->idx, memory_order_relaxed);
+		put_freed(c->idx);
 }
 
 void sdp_proc_note_socket(void)

@@ -43,8 +43,8 @@ struct sdp_pool_hdr {
 	uint32_t conn_size;            /* sizeof(struct sdp_conn) */
 	uint32_t procs_off;            /* offset of struct sdp_proc[nprocs] */
 	uint32_t conns_off;            /* offset of struct sdp_conn[nconns] */
-	_Atomic uint32_t hint;         /* next slot to try: the one freed last,
-					* or after the one taken last */
+	_Atomic uint32_t hint;         /* next slot to try when the process has
+					* none it freed: after the one taken last */
 };
 
 static inline size_t sdp_pool_size(void)
