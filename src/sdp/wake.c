@@ -155,13 +155,15 @@ bool sdp_wake_all(struct sdp_conn *c)
 	int s = threaded();
 	if (s == 0) {
 		/* One thread as far as we know: a sleep on this connection
-		 * now is a signal handler's caller, or a thread we did not
-		 * see start. It wakes at the peer's next wake-up; sleeps
-		 * from now on watch the descriptor. */
+		 * now is another process's (fork), a signal handler's
+		 * caller, or a thread we did not see start. It wakes at the
+		 * peer's next wake-up; our sleeps from now on watch a
+		 * descriptor. */
 		if (atomic_load(&c->nwaiters)) {
-			sdp_log(1, "shutdown(SHUT_RD) found a thread asleep on the socket in a "
-				"process that looked single-threaded: it wakes at the peer's "
-				"next wake-up; later sleeps watch a wake descriptor");
+			sdp_log(1, "shutdown(SHUT_RD) found a sleep on the socket it cannot "
+				"wake (another process's, a signal handler's caller, or a "
+				"thread started without pthread_create): it wakes at the "
+				"peer's next wake-up");
 			sdp_wake_threads();
 		}
 		return false;
