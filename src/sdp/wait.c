@@ -281,8 +281,8 @@ struct wake_ref {
 static void polled(struct sdp_conn *c, int fd, int wfd, const struct pollfd *p,
 		   const struct wake_ref *wk)
 {
-	if (p[1].fd >= 0 && (p[1].revents & POLLNVAL))
-		sdp_wake_lost(wk->slot);
+	if (p[1].fd >= 0)
+		sdp_wake_woke(wk->slot, p[1].revents);
 	if (!p[0].revents)
 		return;
 	if (wfd == fd && atomic_load(&c->rx_shut) && atomic_load(&c->tx_shut)) {

@@ -29,6 +29,8 @@
  * wakes them only at the peer's next wake-up, and the log says why.
  */
 #include <errno.h>
+#include <poll.h>
+#include <stdio.h>
 #include <pthread.h>
 #include <string.h>
 #include <sys/eventfd.h>
@@ -181,13 +183,23 @@ bool sdp_wake_all(struct sdp_conn *c)
 	return woke;
 }
 
-void sdp_wake_lost(int i)
+void sdp_wake_woke(int i, short revents)
 {
-	/* The application closed our number (closefrom, close_range): it may
-	 * be another descriptor now. Never again. */
-	sdp_log(1, "wake descriptor %d closed by the application", i >= 0 &&
-		i < SDP_WAKE_SLOTS ? slot[i].fd : -1);
-	give_up("closed by the application", 0);
+	if (i < 0 || i >= SDP_WAKE_SLOTS || !revents)
+		return;
+	/* Only a shutdown writes one, and it retires it at once: the one
+	 * sleeps take still answering means the application closed our
+	 * number (closefrom, close_range) - POLLNVAL, or another file
+	 * there now, which would end every sleep at once. Never again. */
+	pthread_mutex_lock(&mu);
+	bool bad = (revents & POLLNVAL) || i == cur;
+	int fd = slot[i].fd;
+	pthread_mutex_unlock(&mu);
+	if (bad) {
+		char why[64];
+		snprintf(why, sizeof why, "descriptor %d closed by the application", fd);
+		give_up(why, 0);
+	}
 }
 
 void sdp_wake_atfork_child(void)

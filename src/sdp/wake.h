@@ -27,9 +27,10 @@ void sdp_wake_drop(int slot);
 /* A local shutdown(SHUT_RD) of c, after rx_shut is set: wakes every sleep
  * of this process that holds the current descriptor. True if it wrote. */
 bool sdp_wake_all(struct sdp_conn *c);
-/* A sleep saw POLLNVAL on the slot's descriptor: the application closed
- * it. No more wake descriptors (logged). */
-void sdp_wake_lost(int slot);
+/* A sleep saw revents on the slot's descriptor: fine if a shutdown wrote
+ * it; POLLNVAL, or readable while still the one sleeps take, means the
+ * application closed our number: no more wake descriptors (logged). */
+void sdp_wake_woke(int slot, short revents);
 void sdp_wake_atfork_child(void);
 
 #endif

@@ -275,8 +275,7 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		fab_held_push();                      /* fabric.h */
 		r = real_ppoll(tmp, n + (wk >= 0), tp, mask);
 		if (wk >= 0 && r > 0) {
-			if (tmp[n].revents & POLLNVAL)
-				sdp_wake_lost(wk);
+			sdp_wake_woke(wk, tmp[n].revents);
 			r -= tmp[n].revents != 0;     /* ours, not the caller's */
 		}
 		sdp_wake_drop(wk);
