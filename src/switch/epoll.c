@@ -1237,8 +1237,14 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 {
 	int k = 0;
 	for (int i = 0; i < n; i++) {
-		if ((ev[i].data.u64 & TAG_MASK) == TAGW)
-			continue;             /* a shutdown here: scan looks */
+		if ((ev[i].data.u64 & TAG_MASK) == TAGW) {
+			/* A shutdown here (sdp/wake.c), maybe before its
+			 * epoll_local_change: the scan looks at every member. */
+			pthread_mutex_lock(&s->lock);
+			s->full = true;
+			pthread_mutex_unlock(&s->lock);
+			continue;
+		}
 		if ((ev[i].data.u64 & TAG_MASK) == TAGQ) {
 			/* A queue's bell: its news is taken here, and the scan
 			 * that follows looks at the members it names. */
