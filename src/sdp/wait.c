@@ -16,7 +16,11 @@
  * call that has already moved bytes (SDP_WAIT_PARTIAL): TCP returns the
  * partial count on a signal even under SA_RESTART, and poll() is never
  * restarted (threads behind the watcher then sleep in 1 ms ppoll() slices
- * instead of on the futex, which would restart).
+ * instead of on the futex, which would restart). In a process with
+ * threads a receiving watcher polls the socket and the process's wake
+ * descriptor instead (wake.c: another thread's shutdown(SHUT_RD) must wake
+ * it), with SO_RCVTIMEO as the deadline and SA_RESTART as restart_after_
+ * signal finds it.
  */
 #include <errno.h>
 #include <signal.h>
