@@ -140,7 +140,8 @@ struct ep_shadow {
 				       * the registrations its parent keeps) */
 	uint64_t owed_ns;             /* when queue members last got kick_owed */
 	uint32_t wk_ids[SDP_WAKE_SLOTS]; /* wake descriptors in the kernel set
-				       * (edge-triggered), by their id */
+				       * (edge-triggered), by their id; atomic
+				       * (two sleeps may register one: EEXIST) */
 	struct ep_shadow *next;
 };
 
@@ -1341,10 +1342,7 @@ static int wake_hold(struct ep_shadow *s, int epfd)
 	int wk = sdp_wake_hold(&fd, &id);
 	if (wk < 0)
 		return wk;
-	pthread_mutex_lock(&s->lock);
-	bool in = s->wk_ids[wk] == id;
-	pthread_mutex_unlock(&s->lock);
-	if (in)
+	if (__atomic_load_n(&s->wk_ids[wk], __ATOMIC_RELAXED) == id)
 		return wk;
 	int e = errno;
 	struct epoll_event kev = { .events = EPOLLIN | EPOLLET,
@@ -1353,9 +1351,7 @@ static int wake_hold(struct ep_shadow *s, int epfd)
 		sdp_wake_drop(wk);
 		wk = -1;
 	} else {
-		pthread_mutex_lock(&s->lock);
-		s->wk_ids[wk] = id;
-		pthread_mutex_unlock(&s->lock);
+		__atomic_store_n(&s->wk_ids[wk], id, __ATOMIC_RELAXED);
 	}
 	errno = e;
 	return wk;
