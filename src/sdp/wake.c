@@ -148,8 +148,9 @@ void sdp_wake_drop(int i)
 
 bool sdp_wake_all(struct sdp_conn *c)
 {
-	int s = threaded();
-	if (s == 0) {
+	int was = atomic_load(&state);
+	int s = threaded();                   /* (this thread may be the news) */
+	if (was == 0) {
 		/* One thread as far as we know: a sleep on this connection
 		 * now is another process's (fork), a signal handler's
 		 * caller, or a thread we did not see start. It wakes at the
