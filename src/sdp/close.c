@@ -55,13 +55,16 @@ int sdp_shutdown(struct sdp_conn *c, int fd, int how)
 		atomic_store(&c->rx_shut, 1);
 		sdp_mark(c, FAB_M_RD_SHUT);
 		c->ep.ops->kick(&c->ep, fd, FAB_WAIT_CREDIT);
+		/* Our threads asleep on it wake, as TCP's readers do. */
+		sdp_wake_sleepers(c);
 	}
 	if (how == SHUT_WR || how == SHUT_RDWR)
 		send_fin(c, fd, false);
-	/* Both directions: a thread blocked in recv() on the kernel socket
-	 * (the watcher waits there for the peer's tokens) wakes, as TCP's
-	 * shutdown wakes its readers; nothing more is read or sent on it.
-	 * (SHUT_RD alone cannot do this: our sends still wait there.) */
+	/* Both directions: nothing more is read or sent on the kernel
+	 * socket; shut for reading, it wakes whatever sleeps on it (a
+	 * single-threaded process's signal handler, a forked process's
+	 * sleeps). SHUT_RD alone cannot: our sends still wait there for the
+	 * peer's tokens (the wake descriptor above wakes our sleepers). */
 	if (how == SHUT_RDWR)
 		sys_shutdown(fd, SHUT_RD);
 	/* A provider whose connection was not up yet (ofi) answers a FIN by

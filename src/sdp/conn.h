@@ -229,6 +229,9 @@ void    sdp_arm_q(struct sdp_conn *c, int fd, unsigned events, bool owed);
 /* The fd was reported readable by the kernel: consume wake-up tokens and
  * note a TCP FIN/RST from the peer process. */
 void    sdp_on_wakeup(struct sdp_conn *c, int fd);
+/* A local shutdown(SHUT_RD): wake this process's sleepers on c (wait.c,
+ * wake.c). */
+void    sdp_wake_sleepers(struct sdp_conn *c);
 bool    sdp_watch(struct sdp_conn *c);     /* become the watcher, or false */
 void    sdp_unwatch(struct sdp_conn *c);
 /* Busy-polling (its budget, the spin loop, cpu_relax) is in spin.h. */

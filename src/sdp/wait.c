@@ -16,7 +16,11 @@
  * call that has already moved bytes (SDP_WAIT_PARTIAL): TCP returns the
  * partial count on a signal even under SA_RESTART, and poll() is never
  * restarted (threads behind the watcher then sleep in 1 ms ppoll() slices
- * instead of on the futex, which would restart).
+ * instead of on the futex, which would restart). In a process with
+ * threads a receiving watcher polls the socket and the process's wake
+ * descriptor instead (wake.c: another thread's shutdown(SHUT_RD) must wake
+ * it), with SO_RCVTIMEO as the deadline and SA_RESTART as restart_after_
+ * signal finds it.
  */
 #include <errno.h>
 #include <signal.h>
@@ -35,6 +39,7 @@
 #include "sdp/spin.h"
 #include "sdp/sys.h"
 #include "sdp/log.h"
+#include "sdp/wake.h"
 
 /* A message the waiting receive has not looked at yet (rx.c: a peek may
  * leave messages queued; only a newer one can change its answer). */
@@ -182,6 +187,17 @@ static void wake_others(struct sdp_conn *c)
 		syscall(SYS_futex, &c->wake_gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* A local shutdown(SHUT_RD) (rx_shut set): wake this process's threads
+ * asleep on the connection, as TCP's shutdown wakes its readers - those on
+ * the futex, and the watcher and poll/epoll sleepers through the wake
+ * descriptor (wake.c). */
+void sdp_wake_sleepers(struct sdp_conn *c)
+{
+	wake_others(c);
+	if (sdp_wake_all(c))
+		sdp_log(3, "shutdown(SHUT_RD): woke this process's sleepers");
+}
+
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
 	int r = c->ep.ops->drain(&c->ep, fd);
@@ -254,28 +270,60 @@ static bool restart_after_signal(void)
 	return true;
 }
 
+/* The process's wake descriptor a receiving watcher also sleeps on
+ * (wake.c: a local shutdown(SHUT_RD) writes it): its slot, or -1, and
+ * its number. */
+struct wake_ref {
+	int slot;
+	int fd;
+};
+
+/* After a poll() of the watcher's p[0] (the socket, or the provider's
+ * wait descriptor wfd) and p[1] (the wake descriptor, or fd -1): take the
+ * tokens, note a FIN/RST. A readable wake descriptor needs nothing: the
+ * caller looks again. */
+static void polled(struct sdp_conn *c, int fd, int wfd, const struct pollfd *p,
+		   const struct wake_ref *wk)
+{
+	if (p[1].fd >= 0)
+		sdp_wake_woke(wk->slot, p[1].revents);
+	if (!p[0].revents)
+		return;
+	if (wfd == fd && atomic_load(&c->rx_shut) && atomic_load(&c->tx_shut)) {
+		/* Our own shutdown of both directions shut the kernel
+		 * socket's reading too (sdp_shutdown): its end is not the
+		 * peer's; only tokens are taken. */
+		unsigned char b;
+		if (sys_recvfrom(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) <= 0)
+			return;
+	}
+	sdp_on_wakeup(c, fd);
+}
+
 /* The watcher's sleep on a provider's wait descriptor wfd (it includes
  * the TCP socket's FIN and RST): poll, with SO_RCVTIMEO / SO_SNDTIMEO as
  * the deadline. */
 static int sleep_on_wait_fd(struct sdp_conn *c, int fd, int wfd, unsigned flags,
-			    uint64_t deadline)
+			    uint64_t deadline, const struct wake_ref *wk)
 {
 	for (;;) {
 		int64_t ms = remaining_ms(deadline);
 		if (ms == 0)
 			return -EAGAIN;
-		struct pollfd p = { .fd = wfd, .events = POLLIN };
+		struct pollfd p[2] = { { .fd = wfd, .events = POLLIN },
+				       { .fd = wk->fd, .events = POLLIN } };
 		/* Other connections' sends the fabric holds: pushed now and
 		 * at least every few ms while we sleep (fabric.h). */
 		fab_held_push();
-		int r = sys_poll(&p, 1, fab_held_ms((int)(ms > INT_MAX ? INT_MAX : ms)));
+		int r = sys_poll(p, wk->fd >= 0 ? 2 : 1,
+				 fab_held_ms((int)(ms > INT_MAX ? INT_MAX : ms)));
 		if (r < 0 && errno == EINTR) {
 			if ((flags & SDP_WAIT_PARTIAL) || !restart_after_signal())
 				return -EINTR;
 			continue;
 		}
 		if (r > 0)
-			sdp_on_wakeup(c, fd);
+			polled(c, fd, wfd, p, wk);
 		return 0;
 	}
 }
@@ -283,11 +331,11 @@ static int sleep_on_wait_fd(struct sdp_conn *c, int fd, int wfd, unsigned flags,
 /* The watcher's sleep on the TCP socket (only the watcher consumes
  * tokens, so it may sleep unbounded). 0 = woke (re-check), else -errno. */
 static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
-		       uint64_t deadline)
+		       uint64_t deadline, const struct wake_ref *wk)
 {
 	int wfd = fab_wait_fd(&c->ep, fd);
 	if (wfd != fd)
-		return sleep_on_wait_fd(c, fd, wfd, flags, deadline);
+		return sleep_on_wait_fd(c, fd, wfd, flags, deadline, wk);
 	bool use_rcvtimeo = flags & SDP_WAIT_RCVTIMEO;
 	/* A call that moved bytes already (SDP_WAIT_PARTIAL) sleeps in poll()
 	 * below: like TCP, any signal ends it with the partial count, SA_RESTART
@@ -297,22 +345,25 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	 * tokens arrive on the socket); the socket's SO_RCVTIMEO expiring
 	 * then just means "sleep again". */
 	bool send_untimed = !use_rcvtimeo && !deadline;
-	if (!partial && fab_held_ms(-1) >= 0) {
-		/* Sends the fabric holds for another connection (fabric.h):
-		 * not the kernel's sleep - a short one that pushes them
-		 * first. A signal: restarted as the kernel restarts a call
-		 * without a timeout (SA_RESTART), else EINTR; SO_RCVTIMEO's
-		 * end is the deadline (EAGAIN). */
+	struct pollfd p[2] = { { .fd = fd, .events = POLLIN },
+			       { .fd = wk->fd, .events = POLLIN } };
+	nfds_t np = wk->fd >= 0 ? 2 : 1;
+	if (!partial && (fab_held_ms(-1) >= 0 || wk->fd >= 0)) {
+		/* Sends the fabric holds for another connection (fabric.h),
+		 * or a wake descriptor to watch too (wake.c: threads): not
+		 * the kernel's recv - a poll (with held sends, a short one
+		 * that pushes them first). A signal: restarted as the kernel
+		 * restarts a call without a timeout (SA_RESTART), else
+		 * EINTR; SO_RCVTIMEO's end is the deadline (EAGAIN). */
 		int64_t ms = remaining_ms(deadline);
 		if (ms == 0)
 			return -EAGAIN;
 		fab_held_push();
-		struct pollfd p = { .fd = fd, .events = POLLIN };
-		int r = sys_poll(&p, 1, fab_held_ms(ms > INT_MAX ? INT_MAX : (int)ms));
+		int r = sys_poll(p, np, fab_held_ms(ms > INT_MAX ? INT_MAX : (int)ms));
 		if (r < 0 && errno == EINTR)
 			return !deadline && restart_after_signal() ? 0 : -EINTR;
 		if (r > 0)
-			sdp_on_wakeup(c, fd);
+			polled(c, fd, fd, p, wk);
 		return 0;
 	}
 	if (!partial && (use_rcvtimeo || send_untimed)) {
@@ -343,13 +394,12 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 		return -EAGAIN;
 	if (ms < 0 || ms > SDP_CHECK_MS)
 		ms = SDP_CHECK_MS;                /* then look again */
-	struct pollfd p = { .fd = fd, .events = POLLIN };
 	fab_held_push();                      /* fabric.h */
-	int r = sys_poll(&p, 1, fab_held_ms((int)ms));
+	int r = sys_poll(p, np, fab_held_ms((int)ms));
 	if (r < 0 && errno == EINTR)
 		return -EINTR;
 	if (r > 0)
-		sdp_on_wakeup(c, fd);
+		polled(c, fd, fd, p, wk);
 	return 0;
 }
 
@@ -573,16 +623,25 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 		uint32_t gen = atomic_load(&c->wake_gen);
 		ep->ops->arm(ep, what);
 		bool watching = sdp_watch(c);
+		/* A receiving watcher also watches the process's wake
+		 * descriptor, taken before the look (wake.c): a local
+		 * shutdown(SHUT_RD) from now on wakes it. (Threads on the
+		 * futex are woken by the shutdown's wake_others.) */
+		struct wake_ref wk = { -1, -1 };
+		if (watching && (what & FAB_WAIT_RX) && !wf)
+			wk.slot = sdp_wake_hold(&wk.fd, NULL);
 		if (cond_met(c, what, wf)) {
 			if (watching)
 				sdp_unwatch(c);
+			sdp_wake_drop(wk.slot);
 			break;
 		}
 		/* The peer may sleep too, for something we gave it. */
 		sdp_kick_owed(c, fd);
 		if (watching) {
-			ret = sleep_on_fd(c, fd, flags, deadline);
+			ret = sleep_on_fd(c, fd, flags, deadline, &wk);
 			sdp_unwatch(c);       /* let another waiter watch */
+			sdp_wake_drop(wk.slot);
 		} else {
 			ret = sleep_on_futex(c, gen, deadline, flags & SDP_WAIT_PARTIAL);
 		}

@@ -21,6 +21,7 @@
 
 #include "sdp/az.h"
 #include "sdp/copy.h"
+#include "sdp/wake.h"
 #include "switch/switch.h"
 #include "sdp/sys.h"
 
@@ -111,6 +112,7 @@ static void atfork_child(void)
 		return;                       /* forked under a filter: no calls */
 	sdp_pid = getpid();
 	sdp_pool_atfork_child();
+	sdp_wake_atfork_child();
 }
 
 static void do_init(void)

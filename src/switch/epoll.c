@@ -39,11 +39,13 @@
 #include "switch/switch.h"
 #include "sdp/spin.h"
 #include "sdp/sys.h"
+#include "sdp/wake.h"
 
 struct sdp_conn *sdp_fd_conn(int fd);
 
 #define TAG      0x5344500000000000ull      /* "SDP" in the top bytes */
 #define TAGQ     0x5344510000000000ull      /* "SDQ": a readiness queue */
+#define TAGW     0x5344570000000000ull      /* "SDW": a wake descriptor */
 #define TAG_MASK 0xffffff0000000000ull
 #define EP_QMAX  8                          /* queues one set reads */
 #define Q_IDX(q) ((unsigned)(q) & 0xffu)    /* fabric.h q_bind: low byte */
@@ -137,6 +139,9 @@ struct ep_shadow {
 				       * sharing the kernel set must not remove
 				       * the registrations its parent keeps) */
 	uint64_t owed_ns;             /* when queue members last got kick_owed */
+	uint32_t wk_ids[SDP_WAKE_SLOTS]; /* wake descriptors in the kernel set
+				       * (edge-triggered), by their id; atomic
+				       * (two sleeps may register one: EEXIST) */
 	struct ep_shadow *next;
 };
 
@@ -1259,6 +1264,14 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 {
 	int k = 0;
 	for (int i = 0; i < n; i++) {
+		if ((ev[i].data.u64 & TAG_MASK) == TAGW) {
+			/* A shutdown here (sdp/wake.c), maybe before its
+			 * epoll_local_change: the scan looks at every member. */
+			pthread_mutex_lock(&s->lock);
+			s->full = true;
+			pthread_mutex_unlock(&s->lock);
+			continue;
+		}
 		if ((ev[i].data.u64 & TAG_MASK) == TAGQ) {
 			/* A queue's bell: its news is taken here, and the scan
 			 * that follows looks at the members it names. */
@@ -1344,6 +1357,32 @@ static struct ep_shadow *members(int epfd)
 	return s && s->n != s->npending ? s : NULL;
 }
 
+/* The process's wake descriptor for this sleep (sdp/wake.c: another
+ * thread's shutdown(SHUT_RD) writes it), in the kernel set once per
+ * descriptor, edge-triggered (a write is one event however often it was
+ * written); -1: none. */
+static int wake_hold(struct ep_shadow *s, int epfd)
+{
+	int fd;
+	uint32_t id;
+	int wk = sdp_wake_hold(&fd, &id);
+	if (wk < 0)
+		return wk;
+	if (__atomic_load_n(&s->wk_ids[wk], __ATOMIC_RELAXED) == id)
+		return wk;
+	int e = errno;
+	struct epoll_event kev = { .events = EPOLLIN | EPOLLET,
+				   .data.u64 = TAGW | (uint32_t)wk };
+	if (real_epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &kev) < 0 && errno != EEXIST) {
+		sdp_wake_drop(wk);
+		wk = -1;
+	} else {
+		__atomic_store_n(&s->wk_ids[wk], id, __ATOMIC_RELAXED);
+	}
+	errno = e;
+	return wk;
+}
+
 static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, int max,
 		       int64_t timeout_ns, const sigset_t *mask)
 {
@@ -1396,13 +1435,16 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 			}
 		}
 		bool shared = false;
+		int wk = -1;
 		if (!n) {
+			wk = wake_hold(s, epfd);      /* before the look */
 			shared = arm_all(s);
 			n = scan(s, ev, max);
 			if (n)
 				unwatch_all(s);
 		}
 		if (n) {
+			sdp_wake_drop(wk);
 			/* Also collect what the kernel has, without waiting. */
 			if (n < max) {
 				int r = kernel_wait(epfd, ev + n, max - n, &zero, mask);
@@ -1416,12 +1458,14 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 			/* News came between the arms and now: look again. */
 			queues_wake(&z);
 			unwatch_all(s);
+			sdp_wake_drop(wk);
 			continue;
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
 		fab_held_push();                      /* fabric.h */
 		int r = kernel_wait(epfd, ev, max, tp, mask);
+		sdp_wake_drop(wk);
 		queues_wake(&z);
 		if (r < 0) {
 			unwatch_all(s);

@@ -7,7 +7,9 @@
  * the peer's kick token, or the kernel's FIN/RST when the peer process
  * dies, wakes it. Other fds are polled as they are. After waking, tokens are
  * drained and readiness recomputed; spurious wake-ups loop until the
- * deadline. Before arming, the sockets are checked for spin_us.
+ * deadline. Before arming, the sockets are checked for spin_us. In a
+ * process with threads the sleep also watches the wake descriptor (sdp/
+ * wake.c), which a shutdown(SHUT_RD) of a member by another thread writes.
  */
 #include <errno.h>
 #include <sched.h>
@@ -18,6 +20,7 @@
 #include "switch/switch.h"
 #include "sdp/spin.h"
 #include "sdp/sys.h"
+#include "sdp/wake.h"
 
 struct sdp_conn *sdp_fd_conn(int fd);
 
@@ -144,12 +147,12 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		return real_ppoll(fds, n, timeout_ns < 0 ? NULL : &ts, mask);
 	}
 	struct sdp_conn *cs_stack[64], **cs = cs_stack;
-	struct pollfd tmp_stack[64], *tmp = tmp_stack;
+	struct pollfd tmp_stack[65], *tmp = tmp_stack;   /* + the wake descriptor */
 	bool watch_stack[64], *watch = watch_stack;
 	int nsdp = 0;
 	if (n > 64) {
 		cs = calloc(n, sizeof *cs);
-		tmp = calloc(n, sizeof *tmp);
+		tmp = calloc(n + 1, sizeof *tmp);
 		watch = calloc(n, sizeof *watch);
 		if (!cs || !tmp || !watch) {
 			free(cs);
@@ -240,6 +243,9 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		 * we look. Looking before taking the watch could miss that
 		 * wake-up and then sleep for good. */
 		bool shared = false;
+		/* The wake descriptor, taken before the look (sdp/wake.c). */
+		int wk_fd = -1;
+		int wk = sdp_wake_hold(&wk_fd, NULL);
 		for (nfds_t i = 0; i < n; i++) {
 			watch[i] = false;
 			if (!cs[i])
@@ -251,6 +257,7 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		}
 		if (sdp_scan(fds, n, cs, watch) || timeout_ns == 0) {
 			unwatch(cs, watch, n);
+			sdp_wake_drop(wk);
 			r = merge_others(fds, n, cs, tmp, &zero, mask);
 			goto out;
 		}
@@ -264,8 +271,14 @@ static int sdp_ppoll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sig
 		}
 		struct timespec ts;
 		const struct timespec *tp = sdp_sleep_ts(deadline, shared, &ts);
+		tmp[n] = (struct pollfd){ .fd = wk_fd, .events = POLLIN };
 		fab_held_push();                      /* fabric.h */
-		r = real_ppoll(tmp, n, tp, mask);
+		r = real_ppoll(tmp, n + (wk >= 0), tp, mask);
+		if (wk >= 0 && r > 0) {
+			sdp_wake_woke(wk, tmp[n].revents);
+			r -= tmp[n].revents != 0;     /* ours, not the caller's */
+		}
+		sdp_wake_drop(wk);
 		sdp_idle_look_all(cs, n);             /* rcvbuf.c */
 		for (nfds_t i = 0; i < n; i++)
 			if (watch[i] && r > 0 && tmp[i].revents)

@@ -7,6 +7,8 @@
  * program through a posix_spawn dup2 file action. fork counts, before the
  * child exists, the child's share of each connection and listener (a parent
  * that closes its copy at once is then never taken for the last holder).
+ * pthread_create notes that the process has threads (sdp/wake.c: a
+ * shutdown in one then wakes the others' sleeps on the socket).
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -19,6 +21,7 @@
 #include <stdio.h>
 
 #include "sdp/az.h"
+#include "sdp/wake.h"
 #include "switch/switch.h"
 
 extern char **environ;
@@ -41,6 +44,26 @@ static void before_exec(void)
 	if (!sdp_in_vfork_child())
 		az_before_exec();
 	fd_before_exec();
+}
+
+typedef int (*pthread_create_fn)(pthread_t *, const pthread_attr_t *,
+				 void *(*)(void *), void *);
+
+/* Nothing else: a thread may be made before the library's start-up, and
+ * by code that must not wait for it. */
+EXPORT int pthread_create(pthread_t *th, const pthread_attr_t *attr,
+			  void *(*fn)(void *), void *arg)
+{
+	static _Atomic(pthread_create_fn) real;
+	pthread_create_fn f = atomic_load_explicit(&real, memory_order_relaxed);
+	if (!f) {
+		f = (pthread_create_fn)next("pthread_create");
+		if (!f)
+			return EAGAIN;
+		atomic_store(&real, f);
+	}
+	sdp_wake_threads();
+	return f(th, attr, fn, arg);
 }
 
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
