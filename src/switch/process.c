@@ -86,7 +86,13 @@ EXPORT pid_t fork(void)
 {
 	SDP_INIT();
 	fd_fork_prepare();
+	/* After fd_fork_prepare (its hand-backs may take a set's lock), and
+	 * before the pthread_atfork handlers take the locks that come after
+	 * a set's (epoll.c). */
+	epoll_fork_prepare();
 	pid_t pid = real_fork();
+	if (pid != 0)
+		epoll_fork_parent();      /* the child's: epoll_fork_child */
 	if (pid < 0)
 		fd_fork_failed();
 	return pid;
