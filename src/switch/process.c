@@ -153,6 +153,14 @@ EXPORT int execle(const char *path, const char *arg, ...)
 static struct { const void *fa; int fd; } spawn_dups[SPAWN_DUPS];
 static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The child of a fork (config.c's pthread_atfork handler): another thread
+ * may have held the lock; an entry half written names a file action the
+ * child's next init or destroy forgets anyway. */
+void spawn_fork_child(void)
+{
+	pthread_mutex_init(&spawn_lock, NULL);
+}
+
 static void dups_forget(const void *fa)
 {
 	for (int i = 0; i < SPAWN_DUPS; i++)

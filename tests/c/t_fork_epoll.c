@@ -7,7 +7,9 @@
  * epoll code (under SDP: holding the set's lock). Meanwhile the main
  * thread forks FORKS times; each child closes its copy of the client
  * socket (under SDP that walks every epoll set of the process), calls
- * epoll_ctl on its copy of the set (a MOD of a socket not in it: ENOENT),
+ * epoll_ctl on its copy of the set (a MOD of a socket not in it: ENOENT)
+ * and makes and drops spawn file actions (the thread makes them too: the
+ * library follows them under a lock of its own),
  * every SEND_EVERY-th child sends a record on the server end, and it
  * exits. A child that copied a locked set used to wait in that close for
  * ever: each child must exit within CHILD_SECS, else it is killed and the
@@ -28,6 +30,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdatomic.h>
 #include <sys/epoll.h>
 #include <sys/syscall.h>
@@ -56,6 +59,11 @@ static void *churn(void *arg)
 		ev.events = EPOLLIN;
 		SYS(epoll_ctl(ep, EPOLL_CTL_ADD, cli, &ev));
 		SYS(epoll_wait(ep, out, 4, 0));
+		/* The library follows spawn file actions under a lock. */
+		posix_spawn_file_actions_t fa;
+		CHECK_EQ(posix_spawn_file_actions_init(&fa), 0);
+		CHECK_EQ(posix_spawn_file_actions_adddup2(&fa, srv, 3), 0);
+		CHECK_EQ(posix_spawn_file_actions_destroy(&fa), 0);
 		atomic_fetch_add(&churns, 1);
 	}
 	return NULL;
@@ -114,6 +122,9 @@ static void child(int i, bool libc)
 	/* Leaves every epoll set naming it: must not wait. */
 	SYS(close(cli));
 	CHECK_ERR(epoll_ctl(ep, EPOLL_CTL_MOD, srv, &ev), ENOENT);
+	posix_spawn_file_actions_t fa;
+	CHECK_EQ(posix_spawn_file_actions_init(&fa), 0);
+	CHECK_EQ(posix_spawn_file_actions_destroy(&fa), 0);
 	if (i % SEND_EVERY == 0) {
 		uint32_t rec[2] = { 0x666f726bu, (uint32_t)i };
 		tl_send_all(srv, rec, sizeof rec);
