@@ -279,6 +279,7 @@ ssize_t az_recv_take(struct sdp_conn *c, int fd, const struct sdp_srcavail *sa,
 		     size_t copied, size_t room);
 /* Finish every asynchronous receive of c (or of all connections: NULL). */
 void az_recv_settle(struct sdp_conn *c);
+void az_recv_fork_child(void);    /* its lock made anew */
 /* An asynchronous receive of c is still being copied. */
 bool az_recv_busy(struct sdp_conn *c);
 /* The progress thread: copies to make; make them. */

@@ -1115,6 +1115,7 @@ void az_init(void)
 void az_prot_fork_child(void)
 {
 	pthread_mutex_init(&lk, NULL);
+	pthread_mutex_init(&sig_mu, NULL);   /* another thread's sigaction */
 	for (size_t i = 0; i < nspans; i++)
 		if (spans[i].mech == AZ_MECH_MPROTECT)
 			az_mprotect(spans[i].start, spans[i].end - spans[i].start,

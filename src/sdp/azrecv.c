@@ -205,6 +205,12 @@ static void job_finish(struct job *j, bool ok)
 	atomic_fetch_sub(&njobs, 1);
 }
 
+/* The child of a fork: the progress thread may have been copying. */
+void az_recv_fork_child(void)
+{
+	pthread_mutex_init(&copy_mu, NULL);
+}
+
 /* Copy one job (the caller took it: J_COPYING). */
 static void job_copy(struct job *j)
 {

@@ -1100,6 +1100,7 @@ void az_fork_child(void)
 	}
 	az_pool_fork_child();
 	az_prot_fork_child();
+	az_recv_fork_child();
 	az_prog_forget();
 }
 

@@ -165,6 +165,16 @@ static struct {
 	uint64_t until;
 } neg[NEG_SLOTS];
 static pthread_mutex_t neg_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t neg_once = PTHREAD_ONCE_INIT;
+
+/* A fork while another thread held the lock: the child's is made anew,
+ * and what it remembers starts empty (the entry may be half written). */
+static void neg_child(void)
+{
+	pthread_mutex_init(&neg_lock, NULL);
+	memset(neg, 0, sizeof neg);
+}
+static void neg_init(void) { pthread_atfork(NULL, NULL, neg_child); }
 
 static unsigned neg_slot(const uint8_t a[16], uint16_t port)
 {
@@ -176,6 +186,7 @@ static unsigned neg_slot(const uint8_t a[16], uint16_t port)
 
 static bool neg_find(const uint8_t a[16], uint16_t port)
 {
+	pthread_once(&neg_once, neg_init);
 	pthread_mutex_lock(&neg_lock);
 	unsigned i = neg_slot(a, port);
 	bool hit = neg[i].until > sdp_now_ns() && neg[i].port == port &&
@@ -186,6 +197,7 @@ static bool neg_find(const uint8_t a[16], uint16_t port)
 
 static void neg_add(const uint8_t a[16], uint16_t port)
 {
+	pthread_once(&neg_once, neg_init);
 	pthread_mutex_lock(&neg_lock);
 	unsigned i = neg_slot(a, port);
 	memcpy(neg[i].addr, a, 16);

@@ -108,6 +108,8 @@ static void at_exit(void)
 
 static void atfork_child(void)
 {
+	spawn_fork_child();               /* locks another thread may have held */
+	sandbox_fork_child();
 	if (atomic_load(&sdp_passthru))
 		return;                       /* forked under a filter: no calls */
 	sdp_pid = getpid();

@@ -437,6 +437,69 @@ void epoll_shadow_free(struct ep_shadow *s)
 	free(s);
 }
 
+/*
+ * fork. A thread inside epoll_ctl or epoll_wait holds a set's lock, and a
+ * walk over the sets (close, connect) the list's: a child that copied one
+ * of them taken would wait for ever at its first close of an SDP socket.
+ * The interposed fork() (process.c) takes them all in the order the code
+ * does - the list's, then each set's in list order - before the real fork,
+ * whose pthread_atfork handlers then take the fd table's and the
+ * provider's locks (a set's lock is taken before those, never after). So
+ * the child copies every set whole; the parent unlocks, the child makes
+ * new locks (epoll_fork_child). A fork made inside libc (daemon()) runs
+ * only the pthread_atfork handlers: a set whose lock the child finds taken
+ * may be half changed, and the child's copy of it starts empty.
+ */
+static _Atomic bool fork_locked;   /* epoll_fork_prepare holds every lock */
+
+void epoll_fork_prepare(void)
+{
+	pthread_mutex_lock(&all_lock);
+	for (struct ep_shadow *s = all; s; s = s->next)
+		pthread_mutex_lock(&s->lock);
+	atomic_store(&fork_locked, true);
+}
+
+void epoll_fork_parent(void)
+{
+	atomic_store(&fork_locked, false);
+	for (struct ep_shadow *s = all; s; s = s->next)
+		pthread_mutex_unlock(&s->lock);
+	pthread_mutex_unlock(&all_lock);
+}
+
+/* A child's copy of a set that another thread was changing: its members
+ * are forgotten (not reported in the child; their kernel events dropped,
+ * filter()), its arrays left alone (they may be half reallocated). */
+static void shadow_untrusted(struct ep_shadow *s)
+{
+	s->v = NULL;
+	s->cand = NULL;
+	s->check = s->hot = s->kmap = s->fmap = NULL;
+	s->n = s->cap = s->npending = s->ncheck = s->nhot = 0;
+	s->nqueued = s->nwatching = 0;
+	s->kcap = s->fcap = 0;
+	s->kmap_inexact = s->fmap_inexact = s->reap = false;
+	memset(s->qs, 0, sizeof s->qs);   /* the parent's: held by it */
+	s->full = true;
+}
+
+/* pthread_atfork child handler (fdtab.c): the child's locks are new. */
+void epoll_fork_child(void)
+{
+	bool whole = atomic_load(&fork_locked);
+	atomic_store(&fork_locked, false);
+	for (struct ep_shadow *s = all; s; s = s->next) {
+		if (!whole && pthread_mutex_trylock(&s->lock) != 0) {
+			shadow_untrusted(s);
+			sdp_log(2, "epoll fd %d: forked (past fork()) while another "
+				"thread changed the set: its copy starts empty", s->epfd);
+		}
+		pthread_mutex_init(&s->lock, NULL);
+	}
+	pthread_mutex_init(&all_lock, NULL);
+}
+
 /* Remember that map[k] is member i (+1), growing the map up to limit
  * entries; without memory it stays a miss. */
 static void hint(int **map, uint32_t *cap, uint32_t k, int i, uint32_t limit)

@@ -42,6 +42,7 @@ static void locks_child(void)
 	pthread_mutex_init(&listen_lock, NULL);
 	pthread_mutex_init(&fb_lock, NULL);
 	defer_child();
+	epoll_fork_child();
 }
 /* Registered at the library's start (config.c), after which the fd table
  * is used. */

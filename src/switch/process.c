@@ -109,7 +109,13 @@ EXPORT pid_t fork(void)
 {
 	SDP_INIT();
 	fd_fork_prepare();
+	/* After fd_fork_prepare (its hand-backs may take a set's lock), and
+	 * before the pthread_atfork handlers take the locks that come after
+	 * a set's (epoll.c). */
+	epoll_fork_prepare();
 	pid_t pid = real_fork();
+	if (pid != 0)
+		epoll_fork_parent();      /* the child's: epoll_fork_child */
 	if (pid < 0)
 		fd_fork_failed();
 	return pid;
@@ -169,6 +175,14 @@ EXPORT int execle(const char *path, const char *arg, ...)
 #define SPAWN_DUPS 64
 static struct { const void *fa; int fd; } spawn_dups[SPAWN_DUPS];
 static pthread_mutex_t spawn_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* The child of a fork (config.c's pthread_atfork handler): another thread
+ * may have held the lock; an entry half written names a file action the
+ * child's next init or destroy forgets anyway. */
+void spawn_fork_child(void)
+{
+	pthread_mutex_init(&spawn_lock, NULL);
+}
 
 static void dups_forget(const void *fa)
 {

@@ -107,6 +107,12 @@ static long do_syscall(long nr, long a, long b, long c, long d, long e, long f)
 
 static pthread_mutex_t enter_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* The child of a fork (config.c's pthread_atfork handler). */
+void sandbox_fork_child(void)
+{
+	pthread_mutex_init(&enter_lock, NULL);
+}
+
 /* Called before a filter is installed: afterwards the library must make
  * no system call of its own in this process. */
 static void sandbox_enter(const char *how)

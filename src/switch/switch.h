@@ -235,6 +235,13 @@ void epoll_drop_pending(int fd);                /* ... or plain TCP */
 void epoll_local_change(void);
 void epoll_shadow_free(struct ep_shadow *s);
 void epoll_leave_all(void);     /* members go back to the kernel (fd_leave_all) */
+/* fork: every epoll lock taken before the real fork (process.c), released
+ * in the parent; the child's made anew (fdtab.c's pthread_atfork handler). */
+void epoll_fork_prepare(void);
+void epoll_fork_parent(void);
+void epoll_fork_child(void);
+void spawn_fork_child(void);     /* process.c: its lock made anew */
+void sandbox_fork_child(void);   /* sandbox.c: its lock made anew */
 
 /* How long a poll/epoll sleep may last: until deadline (0 = none), cut to
  * SDP_SHARED_SLICE_MS when another sleeper consumes the tokens of one of

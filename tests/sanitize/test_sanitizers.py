@@ -38,7 +38,7 @@ PROG_ENV = _cf.PROG_ENV
 # data race would be. (TSan costs 2-5x; t_shared_wait alone ~40 s.)
 TSAN_PROGRAMS = ["t_threads", "t_shared_wait", "t_duplex", "t_zc_mixed",
                  "t_zc_signal", "t_sigpartial", "t_epoll", "t_poll", "t_fork",
-                 "t_prefork", "t_peek_lowat", "t_shut_rd_wake"]
+                 "t_prefork", "t_peek_lowat", "t_shut_rd_wake", "t_fork_epoll"]
 
 
 def _build(kind):
