@@ -103,7 +103,7 @@ static void lock_parent(void) { pthread_mutex_unlock(&links_lock); }
  * of the parent's epoll sets use tokens). */
 static void lock_child(void)
 {
-	pthread_mutex_init(&links_lock, NULL);
+	pthread_mutex_unlock(&links_lock);    /* lock_prepare's, this thread's */
 	for (int i = 0; i < SHM_LINKS; i++)
 		atomic_store_explicit(&links[i].holds, 0, memory_order_relaxed);
 }

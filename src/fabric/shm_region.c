@@ -90,7 +90,7 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 
 static void lock_prepare(void) { pthread_mutex_lock(&maps_lock); }
 static void lock_parent(void) { pthread_mutex_unlock(&maps_lock); }
-static void lock_child(void) { pthread_mutex_init(&maps_lock, NULL); }
+static void lock_child(void) { pthread_mutex_unlock(&maps_lock); }   /* prepare's */
 static void init_once(void) { pthread_atfork(lock_prepare, lock_parent, lock_child); }
 
 static void lock(void)

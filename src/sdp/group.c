@@ -200,7 +200,7 @@ static pthread_once_t reg_once = PTHREAD_ONCE_INIT;
 
 static void reg_prepare(void) { pthread_mutex_lock(&reg_lock); }
 static void reg_parent(void) { pthread_mutex_unlock(&reg_lock); }
-static void reg_child(void) { pthread_mutex_init(&reg_lock, NULL); }
+static void reg_child(void) { pthread_mutex_unlock(&reg_lock); }   /* reg_prepare's */
 static void reg_init(void) { pthread_atfork(reg_prepare, reg_parent, reg_child); }
 
 static void reg_enter(void)

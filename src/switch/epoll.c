@@ -484,20 +484,31 @@ static void shadow_untrusted(struct ep_shadow *s)
 	s->full = true;
 }
 
-/* pthread_atfork child handler (fdtab.c): the child's locks are new. */
+/* pthread_atfork child handler (fdtab.c). Locks epoll_fork_prepare took
+ * (this thread: the child's only one) are released; one a thread of the
+ * parent's held (a fork past fork()) is made anew, and its set is not
+ * trusted. */
+static void child_lock(pthread_mutex_t *m, bool whole, struct ep_shadow *s)
+{
+	if (whole || pthread_mutex_trylock(m) == 0) {
+		pthread_mutex_unlock(m);
+		return;
+	}
+	if (s) {
+		shadow_untrusted(s);
+		sdp_log(2, "epoll fd %d: forked (past fork()) while another "
+			"thread changed the set: its copy starts empty", s->epfd);
+	}
+	pthread_mutex_init(m, NULL);
+}
+
 void epoll_fork_child(void)
 {
 	bool whole = atomic_load(&fork_locked);
 	atomic_store(&fork_locked, false);
-	for (struct ep_shadow *s = all; s; s = s->next) {
-		if (!whole && pthread_mutex_trylock(&s->lock) != 0) {
-			shadow_untrusted(s);
-			sdp_log(2, "epoll fd %d: forked (past fork()) while another "
-				"thread changed the set: its copy starts empty", s->epfd);
-		}
-		pthread_mutex_init(&s->lock, NULL);
-	}
-	pthread_mutex_init(&all_lock, NULL);
+	for (struct ep_shadow *s = all; s; s = s->next)
+		child_lock(&s->lock, whole, s);
+	child_lock(&all_lock, whole, NULL);
 }
 
 /* Remember that map[k] is member i (+1), growing the map up to limit

@@ -195,7 +195,9 @@ def test_redis_connection_churn(redis, sdp, kit):
         f"connection memory was not reused: {cl}"
     d = kit.delta(sdp.server_stats(redis), before)
     assert d["sdp_conns"] >= CHURN_REQUESTS, f"redis-server SDP conns delta {d}"
-    assert d["mappings_reused"] >= d["regions_mapped"] - 1, \
+    # one mapping per arena of the client's: its first, and each one a
+    # busy peer's arenas grow by (at most 8 per peer, as above)
+    assert d["mappings_reused"] >= d["regions_mapped"] - 8, \
         f"redis-server mapped the client's memory anew: {d}"
 
 
