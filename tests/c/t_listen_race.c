@@ -1,0 +1,198 @@
+/*
+ * Clients connecting while their server's listening socket is shut down
+ * and closed - how a server stops under load. A thread is blocked in
+ * accept() and serves each connection (a 4-byte id in, its complement
+ * back); client threads connect in a loop; the main thread does
+ * shutdown(SHUT_RDWR) + close() on the listener after a different number
+ * of connections in each round, while the clients go on connecting.
+ *
+ * Kernel TCP gives every client an answer: its id echoed (accepted before
+ * the close), or ECONNREFUSED / ECONNRESET / EPIPE / EOF (its connection
+ * was queued, or its SYN came, when the listener went away). It never
+ * leaves one waiting. Under SDP a client that committed to SDP (its hello
+ * sent) must get the same answers. Every wait is bounded (SO_RCVTIMEO,
+ * SO_SNDTIMEO: 10 s): a client or server still waiting then fails the
+ * test - a hang is a failure, not a slow run.
+ *
+ * TL_ROUNDS=n runs n rounds instead of 60 (for loops that look for the
+ * race).
+ */
+#include "testlib.h"
+#include <pthread.h>
+#include <stdatomic.h>
+
+#define ROUNDS    60
+#define NCLIENT   3      /* client threads */
+#define PER       16     /* connections per client thread and round, at most */
+#define WAIT_S    10     /* a wait longer than this is a hang */
+
+struct round {
+	int l;
+	uint16_t port;
+	_Atomic int accepted, connected, echoed, refused, reset, eof, sdp;
+	_Atomic bool closed;
+};
+
+/* A wait ran out: report it (TL_HOLD=s: first keep the process as it is
+ * for s seconds, for a look at its sockets and threads). */
+static void hung(const char *who, const char *what)
+{
+	fprintf(stderr, "%s: %s: no answer, no error, no EOF in %d s (hung)\n", who,
+		what, WAIT_S);
+	const char *h = getenv("TL_HOLD");
+	if (h && atoi(h) > 0) {
+		fprintf(stderr, "holding pid %d for %s s\n", (int)getpid(), h);
+		sleep((unsigned)atoi(h));
+	}
+	_exit(1);
+}
+
+static void timeouts(int fd)
+{
+	struct timeval tv = { .tv_sec = WAIT_S };
+	SYS(setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv));
+	SYS(setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv));
+}
+
+static void *acceptor(void *arg)
+{
+	struct round *r = arg;
+	for (;;) {
+		int n = accept(r->l, NULL, NULL);
+		if (n < 0) {
+			/* shut down (EINVAL), closed (EBADF), or the number
+			 * already names another socket (EINVAL, ENOTSOCK) */
+			CHECK(errno == EINVAL || errno == EBADF || errno == ENOTSOCK ||
+			      errno == ECONNABORTED, "accept: %s", strerror(errno));
+			if (errno == ECONNABORTED)
+				continue;
+			return NULL;
+		}
+		timeouts(n);
+		atomic_fetch_add(&r->accepted, 1);
+		int v = 0;
+		socklen_t vl = sizeof v;
+		if (getsockopt(n, SOL_TCP, SDP_TRANSPORT, &v, &vl) == 0 && v == 1)
+			atomic_fetch_add(&r->sdp, 1);
+		/* Every client sends its id at once and waits for the answer:
+		 * an accepted connection always carries it. */
+		uint32_t id = 0;
+		ssize_t k = recv(n, &id, sizeof id, MSG_WAITALL);
+		int err = errno;
+		if (k < 0 && err == EAGAIN)
+			hung("server", "recv of the id");
+		CHECK(k == (ssize_t)sizeof id, "server: recv of the id: %zd (%s)", k,
+		      k < 0 ? strerror(err) : "EOF");
+		CHECK(id >> 16 == 0xC1, "id %#x", id);
+		uint32_t ack = id ^ 0xFFFFFFFFu;
+		CHECK_EQ(send(n, &ack, sizeof ack, MSG_NOSIGNAL), (ssize_t)sizeof ack);
+		SYS(close(n));
+	}
+}
+
+struct client {
+	struct round *r;
+	int no;
+};
+
+static void *client(void *arg)
+{
+	struct client *cl = arg;
+	struct round *r = cl->r;
+	for (int i = 0; i < PER; i++) {
+		int fd = SYS(socket(AF_INET, SOCK_STREAM, 0));
+		timeouts(fd);
+		struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(r->port),
+					 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+		if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+			int err = errno;
+			if (err == EINPROGRESS || err == EAGAIN)
+				hung("client", "connect");
+			CHECK(err == ECONNREFUSED || err == ECONNRESET, "connect: %s",
+			      strerror(err));
+			CHECK(atomic_load(&r->closed), "connect refused (%s) before the "
+			      "listener was shut down", strerror(err));
+			atomic_fetch_add(&r->refused, 1);
+			SYS(close(fd));
+			break;                /* the listener is gone */
+		}
+		atomic_fetch_add(&r->connected, 1);
+		uint32_t id = 0xC10000u | (uint32_t)(cl->no << 8) | (uint32_t)i, ack = 0;
+		ssize_t k = send(fd, &id, sizeof id, MSG_NOSIGNAL);
+		int err = errno;
+		if (k == (ssize_t)sizeof id) {
+			k = recv(fd, &ack, sizeof ack, MSG_WAITALL);
+			err = errno;
+			if (k < 0 && err == EAGAIN)
+				hung("client", "recv of the answer");
+			CHECK(k >= 0 || err == ECONNRESET, "client %d.%d: recv: %s",
+			      cl->no, i, strerror(err));
+		} else {
+			if (k < 0 && err == EAGAIN)
+				hung("client", "send of the id");
+			CHECK(k < 0 && (err == ECONNRESET || err == EPIPE),
+			      "client %d.%d: send: %zd (%s)", cl->no, i, k,
+			      k < 0 ? strerror(err) : "short");
+		}
+		if (k == (ssize_t)sizeof ack) {
+			CHECK_EQ(ack, id ^ 0xFFFFFFFFu);
+			atomic_fetch_add(&r->echoed, 1);
+		} else if (k == 0) {
+			atomic_fetch_add(&r->eof, 1);
+		} else {
+			CHECK(k < 0, "client %d.%d: %zd bytes of the answer, then EOF",
+			      cl->no, i, k);
+			CHECK(atomic_load(&r->closed), "client %d.%d: %s before the "
+			      "listener was shut down", cl->no, i, strerror(err));
+			atomic_fetch_add(&r->reset, 1);
+		}
+		SYS(close(fd));
+	}
+	return NULL;
+}
+
+int main(void)
+{
+	const char *e = getenv("TL_ROUNDS");
+	int rounds = e && atoi(e) > 0 ? atoi(e) : ROUNDS;
+	/* the watchdog only backs up the waits' own 10 s bound */
+	tl_watchdog(rounds <= ROUNDS ? 50 : 50 + (unsigned)rounds);
+	int echoed = 0, refused = 0, reset = 0, eof = 0, sdp = 0;
+	for (int round = 0; round < rounds; round++) {
+		struct round r = { 0 };
+		r.l = tl_listen(AF_INET, &r.port);
+		pthread_t at, ct[NCLIENT];
+		struct client cl[NCLIENT];
+		CHECK_EQ(pthread_create(&at, NULL, acceptor, &r), 0);
+		for (int i = 0; i < NCLIENT; i++) {
+			cl[i] = (struct client){ &r, i };
+			CHECK_EQ(pthread_create(&ct[i], NULL, client, &cl[i]), 0);
+		}
+		/* stop after 0 .. NCLIENT * PER / 2 connections, clients still
+		 * connecting (they do at most NCLIENT * PER) */
+		int want = round % (NCLIENT * PER / 2 + 1);
+		while (atomic_load(&r.connected) < want)
+			sched_yield();
+		atomic_store(&r.closed, true);
+		SYS(shutdown(r.l, SHUT_RDWR));
+		SYS(close(r.l));
+		for (int i = 0; i < NCLIENT; i++)
+			CHECK_EQ(pthread_join(ct[i], NULL), 0);
+		CHECK_EQ(pthread_join(at, NULL), 0);
+		/* every client that connected got its answer or an error */
+		CHECK_EQ(atomic_load(&r.echoed) + atomic_load(&r.reset) + atomic_load(&r.eof),
+			 atomic_load(&r.connected));
+		CHECK_EQ(atomic_load(&r.echoed), atomic_load(&r.accepted));
+		echoed += atomic_load(&r.echoed);
+		refused += atomic_load(&r.refused);
+		reset += atomic_load(&r.reset);
+		eof += atomic_load(&r.eof);
+		sdp += atomic_load(&r.sdp);
+	}
+	printf("%d rounds: %d connections echoed (%d over SDP), %d refused, %d reset, "
+	       "%d EOF\n", rounds, echoed, sdp, refused, reset, eof);
+	CHECK(echoed > 0);
+	if (tl_sdp_mode())
+		CHECK(sdp > 0, "no connection over SDP");
+	return 0;
+}
