@@ -23,8 +23,10 @@
  * race).
  */
 #include "testlib.h"
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/epoll.h>
 
 #define ROUNDS    500
 #define NCLIENT   3      /* client threads */
@@ -102,10 +104,34 @@ struct client {
 	int no;
 };
 
+/* Wait for fd to be readable as client thread `no` does: 0 in recv
+ * itself, 1 in poll, 2 in epoll_wait (an application's event loop). */
+static void wait_readable(int no, int fd)
+{
+	if (no == 0)
+		return;
+	int r;
+	if (no == 1) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		r = poll(&p, 1, WAIT_S * 1000);
+	} else {
+		int ep = SYS(epoll_create1(EPOLL_CLOEXEC));
+		struct epoll_event ev = { .events = EPOLLIN, .data.fd = fd }, out;
+		SYS(epoll_ctl(ep, EPOLL_CTL_ADD, fd, &ev));
+		r = epoll_wait(ep, &out, 1, WAIT_S * 1000);
+		SYS(close(ep));
+	}
+	CHECK(r >= 0, "client %d: %s: %s", no, no == 1 ? "poll" : "epoll_wait",
+	      strerror(errno));
+	if (r == 0)
+		hung("client", no == 1 ? "poll for the answer" : "epoll_wait for the answer");
+}
+
 /* One connection's answer (its id sent): echoed, EOF or reset. */
 static void answer(struct round *r, int no, int i, int fd, uint32_t id)
 {
 	uint32_t ack = 0;
+	wait_readable(no, fd);
 	ssize_t k = recv(fd, &ack, sizeof ack, MSG_WAITALL);
 	int err = errno;
 	if (k < 0 && err == EAGAIN)
@@ -126,7 +152,7 @@ static void answer(struct round *r, int no, int i, int fd, uint32_t id)
 
 /* Connections back to back, each sending its id at once (so that some
  * are always between SYN and accept when the listener goes), then every
- * answer. */
+ * answer (waited for in recv, poll or epoll_wait: wait_readable). */
 static void *client(void *arg)
 {
 	struct client *cl = arg;
