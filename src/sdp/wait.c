@@ -198,6 +198,11 @@ void sdp_wake_sleepers(struct sdp_conn *c)
 		sdp_log(3, "shutdown(SHUT_RD): woke this process's sleepers");
 }
 
+void sdp_wake_waiters(struct sdp_conn *c)
+{
+	wake_others(c);
+}
+
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
 	int r = c->ep.ops->drain(&c->ep, fd);
@@ -331,7 +336,7 @@ static int sleep_on_wait_fd(struct sdp_conn *c, int fd, int wfd, unsigned flags,
 /* The watcher's sleep on the TCP socket (only the watcher consumes
  * tokens, so it may sleep unbounded). 0 = woke (re-check), else -errno. */
 static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
-		       uint64_t deadline, const struct wake_ref *wk)
+		       uint64_t deadline, const struct wake_ref *wk, bool up_wait)
 {
 	int wfd = fab_wait_fd(&c->ep, fd);
 	if (wfd != fd)
@@ -348,6 +353,24 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	struct pollfd p[2] = { { .fd = fd, .events = POLLIN },
 			       { .fd = wk->fd, .events = POLLIN } };
 	nfds_t np = wk->fd >= 0 ? 2 : 1;
+	if (up_wait) {
+		/* The server has not taken the connection up: its end may
+		 * be gone without a word (upwatch.c), so look again after
+		 * SDP_UP_LOOK_MS. A signal: restarted as the kernel restarts
+		 * a call without a timeout (SA_RESTART), else EINTR. */
+		int64_t ms = remaining_ms(deadline);
+		if (ms == 0)
+			return -EAGAIN;
+		if (ms < 0 || ms > SDP_UP_LOOK_MS)
+			ms = SDP_UP_LOOK_MS;
+		fab_held_push();              /* fabric.h */
+		int r = sys_poll(p, np, fab_held_ms((int)ms));
+		if (r < 0 && errno == EINTR)
+			return !partial && !deadline && restart_after_signal() ? 0 : -EINTR;
+		if (r > 0)
+			polled(c, fd, fd, p, wk);
+		return 0;
+	}
 	if (!partial && (fab_held_ms(-1) >= 0 || wk->fd >= 0)) {
 		/* Sends the fabric holds for another connection (fabric.h),
 		 * or a wake descriptor to watch too (wake.c: threads): not
@@ -618,6 +641,9 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 			ret = -EBADF;
 			break;
 		}
+		/* A server that has not taken the connection up may be gone
+		 * without a word (upwatch.c): look, and sleep bounded. */
+		bool up_wait = sdp_up_check(c, fd);
 		/* Arm, take the watch, then check (poll.c says why this order:
 		 * the check must follow the moment we became the watcher). */
 		uint32_t gen = atomic_load(&c->wake_gen);
@@ -639,7 +665,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 		/* The peer may sleep too, for something we gave it. */
 		sdp_kick_owed(c, fd);
 		if (watching) {
-			ret = sleep_on_fd(c, fd, flags, deadline, &wk);
+			ret = sleep_on_fd(c, fd, flags, deadline, &wk, up_wait);
 			sdp_unwatch(c);       /* let another waiter watch */
 			sdp_wake_drop(wk.slot);
 		} else {
