@@ -25,6 +25,7 @@
 #include "testlib.h"
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <sys/epoll.h>
 
@@ -203,6 +204,106 @@ static void *client(void *arg)
 	return NULL;
 }
 
+/* ---- a server slow to accept ------------------------------------------------
+ * The client's looks for its server's end (while it waits for the attach)
+ * must never give up on a server that is only slow: 400 ms before the
+ * accept, the connection stays SDP. A client that cannot look (its thread
+ * waits from another network namespace than the socket's, where the
+ * kernel knows neither end) goes back to TCP after 2 s without an attach;
+ * the server, accepting after that, finds the connection abandoned and
+ * serves it on TCP too: the bytes arrive either way. */
+struct late {
+	uint16_t port;
+	bool blind;                   /* wait from another network namespace */
+	_Atomic int waiting;          /* 1: id sent, about to wait */
+	_Atomic int ns_err;           /* blind: unshare's errno (cannot) */
+	int fd;
+};
+
+static void *late_client(void *arg)
+{
+	struct late *lt = arg;
+	int fd = SYS(socket(AF_INET, SOCK_STREAM, 0));
+	timeouts(fd);
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(lt->port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	SYS(connect(fd, (struct sockaddr *)&a, sizeof a));
+	lt->fd = fd;
+	uint32_t id = 0xC1F00Du, ack = 0;
+	CHECK_EQ(send(fd, &id, sizeof id, MSG_NOSIGNAL), (ssize_t)sizeof id);
+	if (lt->blind && unshare(CLONE_NEWNET) < 0)
+		atomic_store(&lt->ns_err, errno ? errno : EPERM);
+	atomic_store(&lt->waiting, 1);
+	ssize_t k = recv(fd, &ack, sizeof ack, MSG_WAITALL);
+	int err = errno;
+	if (k < 0 && err == EAGAIN)
+		hung("late client", "recv of the answer");
+	CHECK(k == (ssize_t)sizeof ack, "late client: recv: %zd (%s)", k,
+	      k < 0 ? strerror(err) : "EOF");
+	CHECK_EQ(ack, id ^ 0xFFFFFFFFu);
+	return NULL;
+}
+
+static int transport(int fd)
+{
+	int v = -1;
+	socklen_t vl = sizeof v;
+	return getsockopt(fd, SOL_TCP, SDP_TRANSPORT, &v, &vl) == 0 ? v : -1;
+}
+
+static void late_case(bool blind)
+{
+	struct late lt = { .blind = blind };
+	int l = tl_listen(AF_INET, &lt.port);
+	pthread_t t;
+	CHECK_EQ(pthread_create(&t, NULL, late_client, &lt), 0);
+	while (!atomic_load(&lt.waiting))
+		sched_yield();
+	bool sdp = tl_sdp_mode(), tcp_after = false;
+	if (blind && atomic_load(&lt.ns_err)) {
+		printf("late accept, client in another namespace: not run (unshare: %s)\n",
+		       strerror(atomic_load(&lt.ns_err)));
+		blind = false;
+	}
+	if (blind && sdp) {
+		/* the client gives up on the attach after 2 s: wait (10 s at
+		 * most) until its socket is TCP, then accept */
+		double end = tl_now() + WAIT_S;
+		while (transport(lt.fd) == 1) {
+			CHECK(tl_now() < end, "the client still waits for the attach "
+			      "after %d s, unable to look for the server's end", WAIT_S);
+			tl_idle_ms(20);
+		}
+		CHECK_EQ(transport(lt.fd), 0);
+		tcp_after = true;
+	} else {
+		tl_idle_ms(400);      /* the client looks a few times meanwhile */
+	}
+	int n = accept(l, NULL, NULL);
+	CHECK(n >= 0, "accept: %s", strerror(errno));
+	timeouts(n);
+	if (tcp_after)
+		CHECK_EQ(transport(n), 0);    /* abandoned: TCP here too */
+	else
+		expect_transport(n);          /* SDP: never given up on */
+	uint32_t id = 0, ack;
+	ssize_t k = recv(n, &id, sizeof id, MSG_WAITALL);
+	if (k < 0 && errno == EAGAIN)
+		hung("late server", "recv of the id");
+	CHECK_EQ(k, (ssize_t)sizeof id);
+	CHECK_EQ(id, 0xC1F00Du);
+	ack = id ^ 0xFFFFFFFFu;
+	CHECK_EQ(send(n, &ack, sizeof ack, MSG_NOSIGNAL), (ssize_t)sizeof ack);
+	CHECK_EQ(pthread_join(t, NULL), 0);
+	if (!tcp_after)
+		expect_transport(lt.fd);
+	SYS(close(lt.fd));
+	SYS(close(n));
+	SYS(close(l));
+	printf("late accept%s: answered on %s\n", blind ? ", client in another namespace" : "",
+	       !sdp ? "kernel TCP" : tcp_after ? "TCP (given up on the attach)" : "SDP");
+}
+
 int main(void)
 {
 	const char *e = getenv("TL_ROUNDS");
@@ -246,5 +347,7 @@ int main(void)
 	CHECK(echoed > 0);
 	if (tl_sdp_mode())
 		CHECK(sdp > 0, "no connection over SDP");
+	late_case(false);
+	late_case(true);
 	return 0;
 }
