@@ -8,9 +8,10 @@
  * if the server's end is gone, the server's kernel answers them with a
  * reset. The server's end can go without a word: a connection whose
  * handshake completes while its listening socket is shut down and closed
- * may be dropped by the server's kernel with no reset (seen about once in
- * a thousand connections on 6.x, with plain kernel clients too: the
- * client's socket stays ESTABLISHED, having received only the SYN-ACK).
+ * may be dropped by the server's kernel with no reset (plain kernel
+ * clients too, on Linux 6.18: 6 to 14 of about 6,000 connections made
+ * around 100 listener closes; the client's socket stays ESTABLISHED,
+ * having received only the SYN-ACK).
  * A TCP client learns it at its next send; an SDP client, whose sends
  * never touch TCP, would wait for ever.
  *
