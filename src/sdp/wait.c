@@ -260,10 +260,16 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 /* Would a signal that interrupted a sleep have restarted the call
  * (SA_RESTART)? Which signal it was is not known: only if every caught
  * signal's handler says so. (A sleep on a provider's wait descriptor is a
- * poll, which the kernel never restarts.) */
+ * poll, which the kernel never restarts.) The signals of a fault are
+ * delivered to the faulting instruction, never to a sleeper: their
+ * handlers do not count (sanitizers and language runtimes install them
+ * without SA_RESTART). */
 static bool restart_after_signal(void)
 {
 	for (int sig = 1; sig < 65; sig++) {
+		if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL ||
+		    sig == SIGTRAP || sig == SIGSYS)
+			continue;
 		struct sigaction sa;
 		if (sigaction(sig, NULL, &sa) < 0)
 			continue;
