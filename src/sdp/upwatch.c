@@ -135,7 +135,8 @@ bool sdp_up_check(struct sdp_conn *c, int fd)
 	if (!since)
 		return false;
 	struct fab_ep *ep = &c->ep;
-	if (ep->ops->peer_up(ep) || sdp_is_reset(c) ||
+	if (!ep->ops || !ep->ops->peer_up || !ep->ops->abandon ||
+	    ep->ops->peer_up(ep) || sdp_is_reset(c) ||
 	    atomic_load_explicit(&c->fb_done, memory_order_relaxed) ||
 	    ep->ops->marks(ep, FAB_M_FB | FAB_MY(FAB_M_FB))) {
 		atomic_store(&c->up_wait_ns, 0);   /* up, or settled otherwise */
