@@ -362,19 +362,37 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	if (up_wait) {
 		/* The server has not taken the connection up: its end may
 		 * be gone without a word (upwatch.c), so look again after
-		 * SDP_UP_LOOK_MS. A signal: restarted as the kernel restarts
-		 * a call without a timeout (SA_RESTART), else EINTR. */
+		 * SDP_UP_LOOK_MS. Signals wait for the end of this short
+		 * sleep (blocked, then delivered as it ends), so that which
+		 * ones came is known: the call restarts as the kernel
+		 * restarts one without a timeout when every one of them has
+		 * SA_RESTART, else EINTR. */
 		int64_t ms = remaining_ms(deadline);
 		if (ms == 0)
 			return -EAGAIN;
 		if (ms < 0 || ms > SDP_UP_LOOK_MS)
 			ms = SDP_UP_LOOK_MS;
 		fab_held_push();              /* fabric.h */
+		sigset_t all, old, pend;
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &old);
 		int r = sys_poll(p, np, fab_held_ms((int)ms));
-		if (r < 0 && errno == EINTR)
-			return !partial && !deadline && restart_after_signal() ? 0 : -EINTR;
+		bool restart = true, caught = false;
+		if (sigpending(&pend) == 0)
+			for (int sig = 1; sig < 65; sig++) {
+				struct sigaction sa;
+				if (!sigismember(&pend, sig) || sigismember(&old, sig) ||
+				    sigaction(sig, NULL, &sa) < 0 ||
+				    sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+					continue;
+				caught = true;
+				restart &= (sa.sa_flags & SA_RESTART) != 0;
+			}
+		pthread_sigmask(SIG_SETMASK, &old, NULL);   /* delivered here */
 		if (r > 0)
 			polled(c, fd, fd, p, wk);
+		if (caught && (partial || deadline || !restart))
+			return -EINTR;
 		return 0;
 	}
 	if (!partial && (fab_held_ms(-1) >= 0 || wk->fd >= 0)) {
