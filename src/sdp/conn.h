@@ -122,6 +122,12 @@ struct sdp_conn {
 					* advertising (it may revoke what it
 					* posted: no asynchronous SrcAvail in
 					* between, az.h) */
+	/* A client whose server has not taken the connection up yet
+	 * (upwatch.c; TCP: a connection whose server end may have gone
+	 * without a word): */
+	_Atomic uint64_t up_wait_ns;   /* since when (ns, TCP connect done);
+					* 0: up, given up, or not watched */
+	_Atomic uint64_t up_look_ns;   /* next look at the server's end (ns) */
 	uint8_t  peer_mode;            /* the peer's send half (ModeChange) */
 	uint8_t  mode_msg;             /* a ModeChange is still to be posted */
 	uint8_t  pad1[2];
@@ -268,6 +274,19 @@ void    sdp_reset_tell(struct sdp_conn *c, int fd);
 /* Before sleeping: the wake-up the peer may be owed (not to a peer that
  * sent its FIN or closed). */
 void    sdp_kick_owed(struct sdp_conn *c, int fd);
+/* Wake every library waiter on c (the futex sleepers: the watcher looks
+ * again by itself). */
+void    sdp_wake_waiters(struct sdp_conn *c);
+/* upwatch.c: a client committed to SDP whose server has not taken the
+ * connection up. Start watching at the end of its TCP connect; look
+ * (cheap unless due) before every sleep on it: a server end that is gone
+ * - the kernel dropped it without a reset, as it may when the listener
+ * closes - makes the client take the connection back for TCP (abandon),
+ * where the kernel answers its bytes as TCP would. true while the watch
+ * is on (a waiter's sleep is then bounded by SDP_UP_LOOK_MS). */
+#define SDP_UP_LOOK_MS 100
+void    sdp_up_watch(struct sdp_conn *c);
+bool    sdp_up_check(struct sdp_conn *c, int fd);
 /* Abort (with the reason logged) if the peer's control block makes no
  * sense; nothing if the connection is already reset. */
 void    sdp_check_peer(struct sdp_conn *c);

@@ -1258,5 +1258,6 @@ void sdp_connect_done(struct sdp_conn *c, int fd, int err)
 	socklen_t ll = sizeof la;
 	if (!known && sys_getsockname(fd, &la, &ll) == 0)
 		c->local = la;
+	sdp_up_watch(c);                      /* until the server takes it up */
 	atomic_store(&c->state, SDP_ST_ESTABLISHED);
 }

@@ -438,6 +438,7 @@ void sdp_arm_q(struct sdp_conn *c, int fd, unsigned events, bool owed)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, FAB_WAIT_Q(what));
+	sdp_up_check(c, fd);                  /* a server end gone (upwatch.c) */
 	if (owed && c->ep.ops->kick_owed(&c->ep, fd) == 1)
 		__atomic_fetch_add(&c->st.tokens_owed, 1, __ATOMIC_RELAXED); /* unlocked */
 }
@@ -450,5 +451,6 @@ void sdp_arm(struct sdp_conn *c, int fd, unsigned events)
 	if (events & (POLLOUT | POLLWRNORM))
 		what |= FAB_WAIT_CREDIT;
 	c->ep.ops->arm(&c->ep, what | FAB_WAIT_RX);
+	sdp_up_check(c, fd);                  /* a server end gone (upwatch.c) */
 	sdp_kick_owed(c, fd);                 /* we may sleep now */
 }

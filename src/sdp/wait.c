@@ -198,6 +198,11 @@ void sdp_wake_sleepers(struct sdp_conn *c)
 		sdp_log(3, "shutdown(SHUT_RD): woke this process's sleepers");
 }
 
+void sdp_wake_waiters(struct sdp_conn *c)
+{
+	wake_others(c);
+}
+
 void sdp_on_wakeup(struct sdp_conn *c, int fd)
 {
 	int r = c->ep.ops->drain(&c->ep, fd);
@@ -255,10 +260,16 @@ int sdp_wait(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
 /* Would a signal that interrupted a sleep have restarted the call
  * (SA_RESTART)? Which signal it was is not known: only if every caught
  * signal's handler says so. (A sleep on a provider's wait descriptor is a
- * poll, which the kernel never restarts.) */
+ * poll, which the kernel never restarts.) The signals of a fault are
+ * delivered to the faulting instruction, never to a sleeper: their
+ * handlers do not count (sanitizers and language runtimes install them
+ * without SA_RESTART). */
 static bool restart_after_signal(void)
 {
 	for (int sig = 1; sig < 65; sig++) {
+		if (sig == SIGSEGV || sig == SIGBUS || sig == SIGFPE || sig == SIGILL ||
+		    sig == SIGTRAP || sig == SIGSYS)
+			continue;
 		struct sigaction sa;
 		if (sigaction(sig, NULL, &sa) < 0)
 			continue;
@@ -331,7 +342,7 @@ static int sleep_on_wait_fd(struct sdp_conn *c, int fd, int wfd, unsigned flags,
 /* The watcher's sleep on the TCP socket (only the watcher consumes
  * tokens, so it may sleep unbounded). 0 = woke (re-check), else -errno. */
 static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
-		       uint64_t deadline, const struct wake_ref *wk)
+		       uint64_t deadline, const struct wake_ref *wk, bool up_wait)
 {
 	int wfd = fab_wait_fd(&c->ep, fd);
 	if (wfd != fd)
@@ -348,6 +359,42 @@ static int sleep_on_fd(struct sdp_conn *c, int fd, unsigned flags,
 	struct pollfd p[2] = { { .fd = fd, .events = POLLIN },
 			       { .fd = wk->fd, .events = POLLIN } };
 	nfds_t np = wk->fd >= 0 ? 2 : 1;
+	if (up_wait) {
+		/* The server has not taken the connection up: its end may
+		 * be gone without a word (upwatch.c), so look again after
+		 * SDP_UP_LOOK_MS. Signals wait for the end of this short
+		 * sleep (blocked, then delivered as it ends), so that which
+		 * ones came is known: the call restarts as the kernel
+		 * restarts one without a timeout when every one of them has
+		 * SA_RESTART, else EINTR. */
+		int64_t ms = remaining_ms(deadline);
+		if (ms == 0)
+			return -EAGAIN;
+		if (ms < 0 || ms > SDP_UP_LOOK_MS)
+			ms = SDP_UP_LOOK_MS;
+		fab_held_push();              /* fabric.h */
+		sigset_t all, old, pend;
+		sigfillset(&all);
+		pthread_sigmask(SIG_BLOCK, &all, &old);
+		int r = sys_poll(p, np, fab_held_ms((int)ms));
+		bool restart = true, caught = false;
+		if (sigpending(&pend) == 0)
+			for (int sig = 1; sig < 65; sig++) {
+				struct sigaction sa;
+				if (!sigismember(&pend, sig) || sigismember(&old, sig) ||
+				    sigaction(sig, NULL, &sa) < 0 ||
+				    sa.sa_handler == SIG_DFL || sa.sa_handler == SIG_IGN)
+					continue;
+				caught = true;
+				restart &= (sa.sa_flags & SA_RESTART) != 0;
+			}
+		pthread_sigmask(SIG_SETMASK, &old, NULL);   /* delivered here */
+		if (r > 0)
+			polled(c, fd, fd, p, wk);
+		if (caught && (partial || deadline || !restart))
+			return -EINTR;
+		return 0;
+	}
 	if (!partial && (fab_held_ms(-1) >= 0 || wk->fd >= 0)) {
 		/* Sends the fabric holds for another connection (fabric.h),
 		 * or a wake descriptor to watch too (wake.c: threads): not
@@ -618,6 +665,9 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 			ret = -EBADF;
 			break;
 		}
+		/* A server that has not taken the connection up may be gone
+		 * without a word (upwatch.c): look, and sleep bounded. */
+		bool up_wait = sdp_up_check(c, fd);
 		/* Arm, take the watch, then check (poll.c says why this order:
 		 * the check must follow the moment we became the watcher). */
 		uint32_t gen = atomic_load(&c->wake_gen);
@@ -639,7 +689,7 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 		/* The peer may sleep too, for something we gave it. */
 		sdp_kick_owed(c, fd);
 		if (watching) {
-			ret = sleep_on_fd(c, fd, flags, deadline, &wk);
+			ret = sleep_on_fd(c, fd, flags, deadline, &wk, up_wait);
 			sdp_unwatch(c);       /* let another waiter watch */
 			sdp_wake_drop(wk.slot);
 		} else {

@@ -7,8 +7,8 @@
  * have carried its own bytes. 60 rounds, each after a different number
  * of clients.
  *
- * (Clients that connect while the listener is being shut down are not
- * part of it: see ARCHITECTURE.md, known issues.)
+ * (Clients that connect while the listener is being shut down:
+ * t_listen_race.c.)
  */
 #include "testlib.h"
 #include <pthread.h>
