@@ -80,6 +80,13 @@ struct sdp_sock_stats {
 	 * wake-up (it may have been kept from asking: kick_owed, PROTOCOL.md
 	 * section 9); not in doorbells_tx */
 	uint64_t tokens_owed;
+	/* wake-ups given to a peer thread blocked in send/recv through the
+	 * futex word of shared memory (one FUTEX_WAKE, no token); not in
+	 * doorbells_tx */
+	uint64_t futex_kicks;
+	/* sleeps of a blocked send/recv of this (threaded) process on that
+	 * word, before it sleeps on the TCP socket */
+	uint64_t futex_sleeps;
 };
 
 #endif /* SDP_H */

@@ -117,6 +117,17 @@ enum fab_wait {
 #define FAB_WAIT_ROUTE2_SHIFT 8
 #define FAB_WAIT_Q(w) ((unsigned)(w) << FAB_WAIT_ROUTE2_SHIFT)
 #define FAB_WAIT_QALL FAB_WAIT_Q(FAB_WAIT_ALL)
+/*
+ * The third route: FAB_WAIT_F(what) armed asks the peer to bump our futex
+ * word (fwake_word) and wake the threads asleep on it: a thread blocked in
+ * send/recv of a process with threads sleeps there for a while before it
+ * sleeps on the TCP socket (wait.c), and the peer's wake-up is then one
+ * FUTEX_WAKE instead of a TCP send and a receive. Offered by providers
+ * whose peers share memory with us (fwake_word not NULL).
+ */
+#define FAB_WAIT_ROUTE3_SHIFT 16
+#define FAB_WAIT_F(w) ((unsigned)(w) << FAB_WAIT_ROUTE3_SHIFT)
+#define FAB_WAIT_FALL FAB_WAIT_F(FAB_WAIT_ALL)
 
 /*
  * Marks: facts about one side, set by that side only (mark) and read by
@@ -421,8 +432,8 @@ struct fab_ops {
 	 * peer's next kick); disarm undoes it. kick: after progress of kind
 	 * `what` (RX: we posted; CREDIT: we released; ZC: our zero-copy words
 	 * moved), wake the peer if it armed for it: 1 if a wake-up token was
-	 * sent, 2 if only the peer's queue got the news (FAB_WAIT_Q), 0 if none
-	 * was needed, -errno. drain: consume pending wake-ups on wfd;
+	 * sent, 2 if only the peer's queue got the news (FAB_WAIT_Q), 3 if only
+	 * its futex word (FAB_WAIT_F), 0 if none was needed, -errno. drain: consume pending wake-ups on wfd;
 	 * 0, 1 = the peer's socket is closed (orderly EOF seen) or -errno
 	 * (-ECONNRESET, -EPIPE: the peer is gone; -ETIMEDOUT: a network
 	 * fabric's connection timed out). wfd < 0 (network providers only):
@@ -435,6 +446,10 @@ struct fab_ops {
 	 * progress of ours although it did not arm for it (its arm bits can
 	 * be cleared by a writer of shared memory). 1 if a wake-up was sent. */
 	int      (*kick_owed)(struct fab_ep *ep, int wfd);
+	/* The word our threads sleep on (FUTEX_WAIT, shared) when they armed
+	 * FAB_WAIT_F: the peer's kick bumps it and wakes them; we bump it too
+	 * to wake our own. NULL op: the route is not offered. */
+	_Atomic uint32_t *(*fwake_word)(struct fab_ep *ep);
 	/* Wake-up tokens the peer has put on the TCP socket that we have not
 	 * consumed yet (0 for a provider whose wake-ups never travel on it),
 	 * and the engine's note that it read n announced tokens off the

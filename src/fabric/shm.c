@@ -37,6 +37,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -263,7 +265,7 @@ static bool shm_peer_sane(struct fab_ep *ep, const char **why)
 	uint64_t ts = peer_tokens_sent(ep) & ~TOKENS_FROZEN;
 	if (ts < tr || ts - tr > (1u << 20))
 		return insane(why, "wake-up tokens that cannot exist");
-	if (atomic_load(&p->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
+	if (atomic_load(&p->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL | FAB_WAIT_FALL))
 		return insane(why, "unknown wake-up request");
 	if (!shm_win_ok(ep->nslots, atomic_load(&p->win)))
 		return insane(why, "a send window the ring cannot have");
@@ -295,7 +297,7 @@ static bool self_sane(struct fab_ep *ep, struct shm_side *m, unsigned locked,
 	uint32_t sfb = atomic_load(&m->fb), pfb = atomic_load(&SE(ep)->my_fb);
 	if (sfb > pfb || (locked == (FAB_SELF_TX | FAB_SELF_RX) && sfb != pfb))
 		return insane(why, "our fallback mark was overwritten");
-	if (atomic_load(&m->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL))
+	if (atomic_load(&m->armed) & ~(FAB_WAIT_ALL | FAB_WAIT_QALL | FAB_WAIT_FALL))
 		return insane(why, "our wake-up request was overwritten");
 	/* our window word: its copy is stored first; under tx_lock equal */
 	if ((locked & FAB_SELF_TX) &&
@@ -772,31 +774,41 @@ static void shm_disarm(struct fab_ep *ep, unsigned what)
 static int send_token(struct fab_ep *ep, int wfd);
 
 /*
- * The peer may have armed either route for this progress: a token on the
- * TCP socket (a thread asleep on the socket itself) or its queue (a waiter
- * asleep on the link of the two processes: shm_link.c). Both, if both are
- * armed. A queue arm we cannot serve (no link here) gets a token: the
- * peer's queue waiter watches the socket too.
+ * The peer may have armed any route for this progress: a token on the
+ * TCP socket (a thread asleep on the socket itself), its queue (a waiter
+ * asleep on the link of the two processes: shm_link.c), or its futex word
+ * (a blocked send/recv of a threaded process: wait.c). Each one armed. A
+ * queue arm we cannot serve (no link here) gets a token: the peer's queue
+ * waiter watches the socket too.
  */
 static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 {
 	atomic_thread_fence(memory_order_seq_cst);
 	struct shm_side *p = peer(ep);
-	unsigned both = what | FAB_WAIT_Q(what);
+	unsigned all = what | FAB_WAIT_Q(what) | FAB_WAIT_F(what);
 	uint32_t armed = atomic_load_explicit(&p->armed, memory_order_relaxed);
-	if (!(armed & both)) {
+	if (!(armed & all)) {
 		if (what & FAB_WAIT_ZC)
 			atomic_store(&SE(ep)->owed_engine, 1);   /* kick_owed */
 		return 0;
 	}
-	uint32_t took = atomic_fetch_and(&p->armed, ~both) & both;
+	uint32_t took = atomic_fetch_and(&p->armed, ~all) & all;
 	int r = 0;
+	if (took & FAB_WAIT_F(what)) {
+		atomic_fetch_add(&p->fwake, 1);
+		syscall(SYS_futex, &p->fwake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	}
 	if ((took & FAB_WAIT_Q(what)) && shm_link_kick(ep, took >> FAB_WAIT_ROUTE2_SHIFT) < 0)
 		took |= what;                 /* no link: a token instead */
 	if (!(took & what))
-		return 2;                     /* news on the queue only */
+		return took & FAB_WAIT_Q(what) ? 2 : 3;   /* no token */
 	r = send_token(ep, wfd);
 	return r < 0 ? r : 1;
+}
+
+static _Atomic uint32_t *shm_fwake_word(struct fab_ep *ep)
+{
+	return &me(ep)->fwake;
 }
 
 /*
@@ -824,7 +836,8 @@ static int shm_kick_owed(struct fab_ep *ep, int wfd)
 	if ((sent & TOKENS_FROZEN) || atomic_load(&p->tokens_rcvd) != sent)
 		return 0;
 	uint32_t armed = atomic_load(&p->armed);
-	armed |= armed >> FAB_WAIT_ROUTE2_SHIFT;      /* either route */
+	armed |= armed >> FAB_WAIT_ROUTE2_SHIFT;      /* any route */
+	armed |= armed >> FAB_WAIT_ROUTE3_SHIFT;
 	bool owed = !(armed & FAB_WAIT_RX) &&
 		    atomic_load(&p->cons) < atomic_load(&SE(ep)->my_prod);
 	uint64_t fa = atomic_load_explicit(&SE(ep)->full_at, memory_order_relaxed);
@@ -1071,6 +1084,7 @@ const struct fab_ops fab_shm_ops = {
 	.kick        = shm_kick,
 	.drain       = shm_drain,
 	.kick_owed   = shm_kick_owed,
+	.fwake_word  = shm_fwake_word,
 	.tokens_due  = shm_tokens_due,
 	.tokens_took = shm_tokens_took,
 	.tokens_unread = shm_tokens_unread,

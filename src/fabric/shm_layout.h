@@ -69,7 +69,10 @@ struct shm_side {                 /* written only by its own side */
 	char pad2[20];
 	/* wake-ups: written at every sleep (armed) and every token */
 	_Atomic uint32_t armed;       /* FAB_WAIT_* bits: kick me on these */
-	uint32_t pad3;
+	_Atomic uint32_t fwake;       /* futex word of our threads asleep with a
+				       * FAB_WAIT_F arm: the peer's kick (and our
+				       * own wake-ups) bump it and FUTEX_WAKE (TCP:
+				       * the socket's wait queue). Written by both */
 	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
 	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
 	char pad4[40];

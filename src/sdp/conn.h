@@ -71,6 +71,8 @@ struct sdp_conn {
 	_Atomic uint32_t watcher;      /* 1: a waiter sleeps on the TCP fd */
 	_Atomic uint32_t wake_gen;     /* futex: bumped after every wake-up */
 	_Atomic uint32_t futex_sleepers; /* threads asleep on wake_gen */
+	_Atomic uint32_t fast_sleepers; /* threads asleep on the fabric's futex
+					 * word (FAB_WAIT_F: wait.c fast_sleep) */
 	_Atomic int64_t  rcvtimeo_us;  /* SO_RCVTIMEO, 0 = none (also on the socket) */
 	_Atomic uint32_t nonblock;     /* O_NONBLOCK of the open file (TCP: f_flags) */
 	_Atomic int64_t  sndtimeo_us;  /* SO_SNDTIMEO, 0 = none */

@@ -159,6 +159,8 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 			c->st.doorbells_tx++;
 		else if (k == 2)
 			c->st.queue_kicks++;
+		else if (k == 3)
+			c->st.futex_kicks++;
 	}
 	return 0;
 }

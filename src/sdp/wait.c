@@ -185,6 +185,12 @@ static void wake_others(struct sdp_conn *c)
 	atomic_fetch_add(&c->wake_gen, 1);
 	if (atomic_load(&c->futex_sleepers) > 0)
 		syscall(SYS_futex, &c->wake_gen, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	/* Threads in their fast sleep (below) sleep on the fabric's word. */
+	if (atomic_load(&c->fast_sleepers) > 0) {
+		_Atomic uint32_t *w = c->ep.ops->fwake_word(&c->ep);
+		atomic_fetch_add(w, 1);
+		syscall(SYS_futex, w, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	}
 }
 
 /* A local shutdown(SHUT_RD) (rx_shut set): wake this process's threads
@@ -511,6 +517,80 @@ static int sleep_on_futex(struct sdp_conn *c, uint32_t gen, uint64_t deadline,
 	return 0;
 }
 
+/*
+ * The fast sleep of a blocked send/recv in a process with threads (a
+ * server with a thread per connection): before the watcher's sleep on the
+ * TCP socket, sleep up to SDP_FAST_SLEEP_MS on the futex word the fabric
+ * shares with the peer (FAB_WAIT_F). The peer's kick is then one
+ * FUTEX_WAKE, where a token costs it a TCP send and us a poll and a
+ * receive. The word is not watched by the kernel for the peer's death, so
+ * the sleep is bounded: a peer that died (its FIN on the socket) is seen
+ * at most SDP_FAST_SLEEP_MS late, and an idle connection's thread goes on
+ * to the socket sleep, which costs nothing while idle. Signals: a futex
+ * wait with a timeout is never restarted by the kernel, so it restarts
+ * as the watcher's poll does in a threaded process (restart_after_signal);
+ * with a deadline or bytes moved, EINTR as TCP's. Local wake-ups
+ * (shutdown(SHUT_RD), a fallback, another waiter's drain) reach it through
+ * wake_others. 1: the condition came true, 0: go on to the socket sleep,
+ * else -errno.
+ */
+#define SDP_FAST_SLEEP_MS 200
+
+static bool fast_ok(struct sdp_conn *c)
+{
+	struct fab_ep *ep = &c->ep;
+	return ep->ops->fwake_word && sdp_wake_threaded() &&
+	       (!ep->ops->peer_up || ep->ops->peer_up(ep));
+}
+
+static int fast_sleep(struct sdp_conn *c, int fd, unsigned what, unsigned flags,
+		      const struct wait_for *wf, uint64_t deadline)
+{
+	struct fab_ep *ep = &c->ep;
+	_Atomic uint32_t *w = ep->ops->fwake_word(ep);
+	uint64_t end = sdp_now_ns() + SDP_FAST_SLEEP_MS * 1000000ull;
+	if (deadline && deadline < end)
+		end = deadline;
+	int ret;
+	atomic_fetch_add(&c->fast_sleepers, 1);
+	for (;;) {
+		if (atomic_load_explicit(&c->state, memory_order_relaxed) == SDP_ST_CLOSED) {
+			ret = -EBADF;         /* closed by another thread */
+			break;
+		}
+		/* The word before the arm and the look: a kick or local wake
+		 * after the look changes it, and the wait returns at once. */
+		uint32_t gen = atomic_load(w);
+		ep->ops->arm(ep, FAB_WAIT_F(what));
+		if (cond_met(c, what, wf)) {
+			ret = 1;
+			break;
+		}
+		sdp_kick_owed(c, fd);
+		uint64_t now = sdp_now_ns();
+		if (now >= end) {
+			ret = deadline && now >= deadline ? -EAGAIN : 0;
+			break;
+		}
+		uint64_t left = end - now;
+		/* Other connections' sends the fabric holds (fabric.h). */
+		fab_held_push();
+		int cap = fab_held_ms(-1);
+		if (cap >= 0 && left > (uint64_t)cap * 1000000ull)
+			left = (uint64_t)cap * 1000000ull;
+		struct timespec ts = { (time_t)(left / 1000000000), (long)(left % 1000000000) };
+		__atomic_fetch_add(&c->st.futex_sleeps, 1, __ATOMIC_RELAXED);   /* unlocked */
+		long r = syscall(SYS_futex, w, FUTEX_WAIT, gen, &ts, NULL, 0);
+		if (r < 0 && errno == EINTR &&
+		    ((flags & SDP_WAIT_PARTIAL) || deadline || !restart_after_signal())) {
+			ret = -EINTR;
+			break;
+		}
+	}
+	atomic_fetch_sub(&c->fast_sleepers, 1);
+	return ret;
+}
+
 /* Longest spin while the peer copies for us: a larger copy sleeps once,
  * and the wake-up is then small beside the copy. */
 #define SDP_BUSY_SPIN_US 2000
@@ -658,6 +738,13 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 	}
 	int ret = 0;
 	atomic_fetch_add(&c->nwaiters, 1);
+	if (fast_ok(c)) {
+		ret = fast_sleep(c, fd, what, flags, wf, deadline);
+		if (ret) {
+			ret = ret < 0 ? ret : 0;
+			goto out;
+		}
+	}
 	for (;;) {
 		/* Closed by another thread while we waited (sdp_conn_retire):
 		 * the descriptor number is no longer ours to sleep on. */
@@ -698,10 +785,11 @@ static int wait_unlocked(struct sdp_conn *c, int fd, unsigned what, unsigned fla
 		if (ret)
 			break;
 	}
+out:
 	/* Another thread may still wait for the same event: only the last
 	 * waiter withdraws the request (a stale one costs one token). */
 	if (atomic_fetch_sub(&c->nwaiters, 1) == 1)
-		ep->ops->disarm(ep, what);
+		ep->ops->disarm(ep, what | FAB_WAIT_F(what));
 	sdp_reset_tell(c, fd);
 	return ret;
 }

@@ -77,6 +77,11 @@ static int threaded(void)
 	return atomic_load(&state);
 }
 
+bool sdp_wake_threaded(void)
+{
+	return threaded() != 0;
+}
+
 static void give_up(const char *why, int err)
 {
 	if (atomic_exchange(&state, 2) != 2)

@@ -17,6 +17,8 @@ struct sdp_conn;
 /* The process has (or may have) another thread: its sleeps watch a wake
  * descriptor from now on (the switch's pthread_create). */
 void sdp_wake_threads(void);
+/* Has the process (or may it have) another thread? */
+bool sdp_wake_threaded(void);
 /* Before the last look that precedes a sleep: the slot (>= 0) whose
  * descriptor *fd the sleep also watches for POLLIN (then: look again), with
  * its id (changes when the slot's descriptor is made anew: epoll sets
