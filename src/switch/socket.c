@@ -691,8 +691,14 @@ static int setsockopt_in(int fd, int level, int name, const void *val, socklen_t
 	if (level == SOL_TCP && name == TCP_DEFER_ACCEPT && listen_defer_set(fd, val, len, &dr))
 		return dr;
 	struct sdp_conn *c = fd_conn(fd);
-	if (c)
-		epoll_local_change();     /* SO_RCVLOWAT, buffer sizes: readiness */
+	/* The options readiness depends on (POLLIN from SO_RCVLOWAT, POLLOUT
+	 * from the buffer sizes): epoll sets look at every member once more.
+	 * Not for the others - TCP_NODELAY, SO_KEEPALIVE... on every accepted
+	 * socket made a server's every wait look at all its connections. */
+	if (c && level == SOL_SOCKET &&
+	    (name == SO_RCVLOWAT || name == SO_SNDBUF || name == SO_SNDBUFFORCE ||
+	     name == SO_RCVBUF || name == SO_RCVBUFFORCE))
+		epoll_local_change();
 	if (level == SOL_TCP && name >= SDP_TRANSPORT && name <= SDP_SPIN_US &&
 	    fd_kind(fd) != FDK_NONE) {
 		if (!c) {                     /* not (yet) SDP: accept tunables */
