@@ -334,14 +334,14 @@ int  sdp_post_msg(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *i
 int  sdp_post_msg_nokick(struct sdp_conn *c, int fd, uint8_t mid, bool nokick);
 
 /* ---- zcopy.c: Read / Write Zero Copy over Cross Memory Attach ---------- */
-void    zc_attach(struct sdp_conn *c);               /* publish pid, probe addr */
+void    zc_attach(struct sdp_conn *c, int fd);       /* publish pid, fd, probe addr */
 bool    zc_usable(struct sdp_conn *c, int fd, size_t len, bool nonblock);
 /* May the peer's memory be named by key? (the set-up pid, or a process
  * the kernel shows holding the far end: ident.c) */
 bool    zc_key_ok(struct sdp_conn *c, int fd, int32_t key);
 int     zc_key_check(struct sdp_conn *c, int fd, int32_t key);  /* 1/0/-errno */
 /* ident.c: 1 if process pid holds the far end of TCP socket fd. */
-int     sdp_ident_holds_peer(int fd, pid_t pid);
+int     sdp_ident_holds_peer(int fd, pid_t pid, int hint);
 void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);

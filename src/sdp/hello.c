@@ -1041,7 +1041,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
 		c->transport = 1;
 		c->local = la;
 		c->remote = pa;
-		zc_attach(c);
+		zc_attach(c, newfd);
 		atomic_store(&c->state, SDP_ST_ESTABLISHED);
 		return c;
 	}
@@ -1232,7 +1232,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 	c->transport = 1;
 	c->local = la;
 	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
-	zc_attach(c);
+	zc_attach(c, fd);
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 fail:

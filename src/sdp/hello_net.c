@@ -401,7 +401,7 @@ struct sdp_conn *sdp_net_connect(int fd, const struct sockaddr *dst, socklen_t l
 	c->transport = 1;
 	c->local = la;
 	memcpy(&c->remote, dst, len < sizeof c->remote ? len : sizeof c->remote);
-	zc_attach(c);
+	zc_attach(c, fd);
 	atomic_store(&c->state, SDP_ST_CONNECTING);
 	return c;
 undo:

@@ -98,12 +98,22 @@ out:
 	return r;
 }
 
-/* Does process pid hold a descriptor of socket inode ino? */
-static int holds_socket(pid_t pid, uint64_t ino)
+/* Does process pid hold a descriptor of socket inode ino? hint: the
+ * number the process says it holds it under (its claim, checked first:
+ * one readlink where a server with thousands of descriptors costs as
+ * many), or -1. */
+static int holds_socket(pid_t pid, uint64_t ino, int hint)
 {
 	char dir[64], want[48];
 	snprintf(dir, sizeof dir, "/proc/%d/fd", (int)pid);
 	int wl = snprintf(want, sizeof want, "socket:[%llu]", (unsigned long long)ino);
+	if (hint >= 0) {
+		char path[96], link[64];
+		snprintf(path, sizeof path, "%s/%d", dir, hint);
+		ssize_t n = readlink(path, link, sizeof link);
+		if (n == wl && !memcmp(link, want, (size_t)wl))
+			return 1;
+	}
 	DIR *d = opendir(dir);
 	if (!d) {
 		int e = errno;
@@ -152,7 +162,7 @@ static bool other_family(const union sdp_addr *a, union sdp_addr *o)
 
 /* 1: process pid holds the far end of TCP socket fd; 0: it does not;
  * -errno: cannot tell (treated as "no" by callers). */
-int sdp_ident_holds_peer(int fd, pid_t pid)
+int sdp_ident_holds_peer(int fd, pid_t pid, int hint)
 {
 	if (pid <= 0)
 		return 0;
@@ -169,5 +179,5 @@ int sdp_ident_holds_peer(int fd, pid_t pid)
 		return 0;                     /* the far end is closed: nobody holds it */
 	if (r < 0)
 		return r;
-	return holds_socket(pid, ino);
+	return holds_socket(pid, ino, hint);
 }

@@ -307,7 +307,8 @@ struct sdp_zctl {
 	_Atomic uint32_t az_moving;
 	uint32_t az_zero;
 	_Atomic uint64_t az_table;
-	char reserved[32];
+	_Atomic int32_t fd_hint;
+	char reserved[28];
 };
 _Static_assert(sizeof(struct sdp_zctl) == 128, "zero-copy control words are 128 bytes");
 _Static_assert(offsetof(struct sdp_zctl, sink_state) == 20, "sink_state at 20");
@@ -316,6 +317,7 @@ _Static_assert(offsetof(struct sdp_zctl, cancel_last) == 60, "cancel_last at 60"
 _Static_assert(offsetof(struct sdp_zctl, refused) == 76, "refused at 76");
 _Static_assert(offsetof(struct sdp_zctl, az_moving) == 80, "az_moving at 80");
 _Static_assert(offsetof(struct sdp_zctl, az_table) == 88, "az_table at 88");
+_Static_assert(offsetof(struct sdp_zctl, fd_hint) == 96, "fd_hint at 96");
 
 enum { SDP_SINK_NONE = 0, SDP_SINK_OFFERED, SDP_SINK_TAKEN, SDP_SINK_WITHDRAWN };
 

@@ -49,9 +49,10 @@ const char *zc_mode_name(int mode)
 	       mode == SDP_MODE_COMBINED ? "combined" : "buffered";
 }
 
-void zc_attach(struct sdp_conn *c)
+void zc_attach(struct sdp_conn *c, int fd)
 {
 	struct sdp_zctl *z = sdp_zc_me(c);
+	atomic_store(&z->fd_hint, (int32_t)fd);
 	atomic_store(&z->pid, (int32_t)sdp_pid);
 	z->probe_addr = c->ep.ops->probe_addr(&c->ep);
 	/* Optimistic: if the kernel refuses a read later, we refuse that
@@ -73,7 +74,7 @@ int zc_key_check(struct sdp_conn *c, int fd, int32_t key)
 	/* The pid written in shared memory is the peer's claim and could name
 	 * anyone (us): only a process the kernel shows holding the far end
 	 * of this connection (a pre-fork worker, a forked child). */
-	int r = sdp_ident_holds_peer(fd, key);
+	int r = sdp_ident_holds_peer(fd, key, atomic_load(&sdp_zc_peer(c)->fd_hint));
 	sdp_log(2, "zero-copy key %d: %s", (int)key, r == 1 ? "holds the far end" :
 		r == 0 ? "does not hold the far end" : strerror(-r));
 	if (r == 1)

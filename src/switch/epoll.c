@@ -48,6 +48,10 @@ struct sdp_conn *sdp_fd_conn(int fd);
 #define TAGW     0x5344570000000000ull      /* "SDW": a wake descriptor */
 #define TAG_MASK 0xffffff0000000000ull
 #define EP_QMAX  8                          /* queues one set reads */
+/* Token members from which a set looks at them only with news (lazy):
+ * below, a look at each in every scan costs less than the token per
+ * message that news while awake costs their peers. */
+#define EP_LAZY_MIN 32
 #define Q_IDX(q) ((unsigned)(q) & 0xffu)    /* fabric.h q_bind: low byte */
 
 /* A readiness queue of the provider's (fabric.h q_bind) that this set reads
@@ -82,6 +86,9 @@ struct ep_ent {
 				       * 0: its wake-ups are tokens */
 	bool looked;                  /* looked at since its last arm (a queue
 				       * arm stays until a kick takes it) */
+	bool tok_ok;                  /* on tokens, and its tokens arrive on its
+				       * own socket (not a provider's wait
+				       * descriptor): may be lazy (set at look) */
 	bool parked;                  /* deleted by the application, still in
 				       * the kernel set with our registration:
 				       * not reported, armed nor watched, and its
@@ -130,6 +137,8 @@ struct ep_shadow {
 	bool reap;                    /* some member left SDP: remove it */
 	bool token_shared;            /* a queue member's token had another
 				       * watcher: sleep in slices */
+	bool lazy;                    /* token members are looked at only with
+				       * news, like queue members (EP_LAZY_MIN) */
 	int nwatching;                /* members we watch during this sleep */
 	uint32_t epoch;               /* local_changes at the last scan */
 	pid_t qpid;                   /* the process they belong to (a forked
@@ -555,6 +564,18 @@ static int find(struct ep_shadow *s, int fd)
 static bool on_queue(const struct ep_shadow *s, const struct ep_ent *e)
 {
 	return e->c && e->q1 && !s->qs[e->q1 - 1].dead;
+}
+
+/* Looked at only with news (a popped key, an event of its socket), armed
+ * only after a look, and watched by no sleep (filter takes its tokens):
+ * a member on one of our queues, and in a lazy set one on tokens. */
+static bool by_news(const struct ep_shadow *s, const struct ep_ent *e)
+{
+	if (!e->c)
+		return false;
+	if (on_queue(s, e))
+		return queues_ours(s);
+	return s->lazy && e->tok_ok;
 }
 
 /* The queue member whose key (sdp_q_bind: the connection's pool index) is
@@ -1103,16 +1124,18 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 	if (!e->c || e->disabled || e->parked)
 		return 0;
 	e->looked = true;
+	if (!e->q1 || s->qs[e->q1 - 1].dead)
+		e->tok_ok = !e->connecting && fab_wait_fd(&e->c->ep, e->fd) == e->fd;
 	struct ep_cand *k = &s->cand[*nc];
 	uint32_t ev = ent_events(s, e, k);
-	if (!ev && e->c && queues_ours(s) && on_queue(s, e)) {
+	if (!ev && by_news(s, e)) {
 		/* Nothing yet: arm it now, not at the next sleep, so that
 		 * its next data brings news even while we stay awake - a
 		 * partial scan sees a member only through news, and one that
 		 * got data unseen while another got news later would be
 		 * served after it (order, ARCHITECTURE 7). Then look again:
 		 * the data may have come before the arm. */
-		sdp_arm_q(e->c, e->fd, e->events, false);
+		arm(s, e, false);
 		e->looked = false;
 		ev = ent_events(s, e, k);
 	}
@@ -1197,7 +1220,16 @@ static int scan_members(struct ep_shadow *s, uint64_t now, int *last, uint64_t *
 		s->epoch = lc;
 		s->full = true;
 	}
-	if (!nq || s->full || t >= s->full_at) {
+	/* Many members on tokens: look at them only with news too (their
+	 * socket's event), as at queue members. Only the process that made
+	 * the set (a forked child's copy looks at every member). Turned on,
+	 * the next scan looks at all, and the arms that follow arm all. */
+	bool lazy = s->owner == sdp_pid && s->n - s->npending - nq >= EP_LAZY_MIN;
+	if (lazy != s->lazy) {
+		s->lazy = lazy;
+		s->full = true;
+	}
+	if ((!nq && !lazy) || s->full || t >= s->full_at) {
 		s->full = false;
 		s->full_at = t + SDP_CHECK_MS * 1000000ull;
 		for (int i = 0; i < s->n; i++) {
@@ -1224,7 +1256,7 @@ static int scan_members(struct ep_shadow *s, uint64_t now, int *last, uint64_t *
 		look_once(s, s->check[k], g, now, &nc);
 	if (nq < s->n - s->npending)
 		for (int i = 0; i < s->n; i++)
-			if (!on_queue(s, &s->v[i]))
+			if (!on_queue(s, &s->v[i]) && !by_news(s, &s->v[i]))
 				look_once(s, i, g, now, &nc);
 	return nc;
 }
@@ -1287,16 +1319,16 @@ static bool arm_all(struct ep_shadow *s)
 	bool owed = now - s->owed_ns >= SDP_CHECK_MS * 1000000ull;
 	if (owed)
 		s->owed_ns = now;
-	bool ours = queues_ours(s);
 	for (int i = 0; i < s->n; i++) {
 		struct ep_ent *e = &s->v[i];
 		e->watching = false;
 		if (!e->c || e->parked)
 			continue;
-		if (ours && on_queue(s, e)) {
-			/* Its queue arm stays until a kick takes it - and then
-			 * its key came, and a scan looked at it. Its socket's
-			 * tokens (rare on this route) are taken by filter. */
+		if (by_news(s, e)) {
+			/* Its arm stays until a kick takes it - and then its
+			 * key came (queue) or its token did (an event of its
+			 * socket), and a scan looked at it. Its socket's
+			 * tokens are taken by filter. */
 			if (!e->disabled && (e->looked || owed)) {
 				/* Looked at, its data may have come while
 				 * it was not armed: the scan after the arms
@@ -1374,7 +1406,7 @@ static int filter(struct ep_shadow *s, struct epoll_event *ev, int n)
 				note_check(s, j);
 				if (s->v[j].watching) {
 					c = s->v[j].c;
-				} else if (on_queue(s, &s->v[j])) {
+				} else if (on_queue(s, &s->v[j]) || by_news(s, &s->v[j])) {
 					/* Not watched during our sleeps: take its
 					 * tokens (or FIN) now, unless another
 					 * thread's wait does. */

@@ -20,9 +20,13 @@
 #include <sys/epoll.h>
 
 #define NTH    2
-#define PER    16
+#ifndef PER
+#define PER    16             /* t_epoll_lazy: more */
+#endif
 #define NCONN  (NTH * PER)
+#ifndef ROUNDS
 #define ROUNDS 400
+#endif
 
 static uint16_t port;
 

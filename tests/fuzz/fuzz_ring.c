@@ -556,7 +556,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	CHECK(fcntl(pfd, F_SETFL, O_NONBLOCK) == 0);
 	struct timeval tv = { 0, 1000 };
 	setsockopt(wfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-	zc_attach(c);
+	zc_attach(c, -1);
 	atomic_store(&c->state, SDP_ST_ESTABLISHED);
 
 	static uint8_t expect[STREAM_MAX], sent[STREAM_MAX];
