@@ -342,6 +342,14 @@ bool    zc_key_ok(struct sdp_conn *c, int fd, int32_t key);
 int     zc_key_check(struct sdp_conn *c, int fd, int32_t key);  /* 1/0/-errno */
 /* ident.c: 1 if process pid holds the far end of TCP socket fd. */
 int     sdp_ident_holds_peer(int fd, pid_t pid, int hint);
+/* One socket of the kernel's TCP tables as sock_diag gives it (ident.c). */
+struct sdp_diag {
+	uint64_t ino;                  /* its inode (0: none) */
+	uint8_t  state;                /* TCP_ESTABLISHED, TCP_LISTEN... */
+	uint16_t sport, dport;         /* network order */
+};
+int     sdp_diag_one(int nl, int family, const void *src, uint16_t sport,
+		     const void *dst, uint16_t dport, struct sdp_diag *d);
 void    zc_probe(struct sdp_conn *c, int fd);
 ssize_t zc_send(struct sdp_conn *c, int fd, const struct iovec *iov, int iovcnt,
 		size_t off, size_t len, bool *go_bcopy);

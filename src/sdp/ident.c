@@ -33,69 +33,91 @@
 #include "sdp/conn.h"
 #include "sdp/sys.h"
 
+/* One socket of the kernel's TCP tables by its 4-tuple (ports in network
+ * order, addresses of 4 or 16 bytes by family), asked on the sock_diag
+ * netlink socket nl. The kernel answers the lookup within the send: one
+ * message, or an error. 1: found (*d), 0: no such socket, -errno: no
+ * answer. */
+int sdp_diag_one(int nl, int family, const void *src, uint16_t sport,
+		 const void *dst, uint16_t dport, struct sdp_diag *d)
+{
+	struct {
+		struct nlmsghdr n;
+		struct inet_diag_req_v2 r;
+	} req;
+	memset(&req, 0, sizeof req);
+	req.n.nlmsg_len = sizeof req;
+	req.n.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+	req.n.nlmsg_flags = NLM_F_REQUEST;
+	req.r.sdiag_family = (uint8_t)family;
+	req.r.sdiag_protocol = IPPROTO_TCP;
+	req.r.idiag_states = ~0u;
+	req.r.id.idiag_sport = sport;
+	req.r.id.idiag_dport = dport;
+	size_t n = family == AF_INET ? 4 : 16;
+	memcpy(req.r.id.idiag_src, src, n);
+	memcpy(req.r.id.idiag_dst, dst, n);
+	req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+	if (syscall(SYS_sendto, nl, &req, sizeof req, 0, NULL, 0) < 0)
+		return -errno;
+	union {
+		struct nlmsghdr n;
+		char b[2048];
+	} buf;
+	ssize_t got = sys_recvfrom(nl, buf.b, sizeof buf.b, MSG_DONTWAIT);
+	if (got < 0)
+		return -errno;
+	for (struct nlmsghdr *h = &buf.n; NLMSG_OK(h, (size_t)got); h = NLMSG_NEXT(h, got)) {
+		if (h->nlmsg_type == NLMSG_ERROR) {
+			const struct nlmsgerr *e = NLMSG_DATA(h);
+			if (h->nlmsg_len < NLMSG_LENGTH(sizeof *e))
+				return -EIO;
+			return e->error == -ENOENT ? 0 : e->error ? e->error : -EIO;
+		}
+		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
+		    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+			continue;
+		const struct inet_diag_msg *m = NLMSG_DATA(h);
+		*d = (struct sdp_diag){ .ino = m->idiag_inode, .state = m->idiag_state,
+					.sport = m->id.idiag_sport, .dport = m->id.idiag_dport };
+		return 1;
+	}
+	return -EIO;
+}
+
 /* Inode of the TCP socket whose local address is `local` and remote
  * address `remote` (both from our socket's point of view reversed). */
 static int far_inode(const union sdp_addr *far_local, const union sdp_addr *far_remote,
 		     uint64_t *ino)
 {
-	struct {
-		struct nlmsghdr nh;
-		struct inet_diag_req_v2 r;
-	} req;
-	memset(&req, 0, sizeof req);
-	req.nh.nlmsg_len = sizeof req;
-	req.nh.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-	req.nh.nlmsg_flags = NLM_F_REQUEST;
-	req.r.sdiag_family = (uint8_t)far_local->sa.sa_family;
-	req.r.sdiag_protocol = IPPROTO_TCP;
-	req.r.idiag_states = ~0u;
-	req.r.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
-	req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-	if (far_local->sa.sa_family == AF_INET) {
-		req.r.id.idiag_sport = far_local->in.sin_port;
-		req.r.id.idiag_dport = far_remote->in.sin_port;
-		memcpy(req.r.id.idiag_src, &far_local->in.sin_addr, 4);
-		memcpy(req.r.id.idiag_dst, &far_remote->in.sin_addr, 4);
-	} else if (far_local->sa.sa_family == AF_INET6) {
-		req.r.id.idiag_sport = far_local->in6.sin6_port;
-		req.r.id.idiag_dport = far_remote->in6.sin6_port;
-		memcpy(req.r.id.idiag_src, &far_local->in6.sin6_addr, 16);
-		memcpy(req.r.id.idiag_dst, &far_remote->in6.sin6_addr, 16);
+	const void *src, *dst;
+	uint16_t sport, dport;
+	int family = far_local->sa.sa_family;
+	if (family == AF_INET) {
+		src = &far_local->in.sin_addr;
+		dst = &far_remote->in.sin_addr;
+		sport = far_local->in.sin_port;
+		dport = far_remote->in.sin_port;
+	} else if (family == AF_INET6) {
+		src = &far_local->in6.sin6_addr;
+		dst = &far_remote->in6.sin6_addr;
+		sport = far_local->in6.sin6_port;
+		dport = far_remote->in6.sin6_port;
 	} else {
 		return -EAFNOSUPPORT;
 	}
 	int s = sys_socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
 	if (s < 0)
 		return -errno;
-	struct sockaddr_nl nl = { .nl_family = AF_NETLINK };
-	int r = -EIO;
-	if (syscall(SYS_sendto, s, &req, sizeof req, 0, &nl, sizeof nl) < 0) {
-		r = -errno;
-		goto out;
-	}
-	union { struct nlmsghdr nh; char buf[8192]; } u;
-	ssize_t n = sys_recvfrom(s, u.buf, sizeof u.buf, 0);
-	if (n < 0) {
-		r = -errno;
-		goto out;
-	}
-	for (struct nlmsghdr *h = &u.nh; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
-		if (h->nlmsg_type == NLMSG_ERROR) {
-			const struct nlmsgerr *e = NLMSG_DATA(h);
-			r = e->error ? e->error : -ENOENT;
-			break;
-		}
-		if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
-		    h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
-			const struct inet_diag_msg *m = NLMSG_DATA(h);
-			*ino = m->idiag_inode;
-			r = m->idiag_inode ? 0 : -ENOENT;
-			break;
-		}
-	}
-out:
+	struct sdp_diag d;
+	int r = sdp_diag_one(s, family, src, sport, dst, dport, &d);
 	sys_close(s);
-	return r;
+	if (r < 0)
+		return r;
+	if (r == 0 || !d.ino)
+		return -ENOENT;
+	*ino = d.ino;
+	return 0;
 }
 
 /* Does process pid hold a descriptor of socket inode ino? hint: the

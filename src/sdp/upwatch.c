@@ -31,7 +31,6 @@
  * while its end exists.
  */
 #include <errno.h>
-#include <linux/inet_diag.h>
 #include <linux/netlink.h>
 #include <linux/sock_diag.h>
 #include <netinet/in.h>
@@ -61,50 +60,13 @@ void sdp_up_watch(struct sdp_conn *c)
  * 1 there (not a listener), 0 not there, -errno no answer. */
 static int diag_one(int nl, const struct key *l, const struct key *p)
 {
-	struct {
-		struct nlmsghdr n;
-		struct inet_diag_req_v2 r;
-	} req;
-	memset(&req, 0, sizeof req);
-	req.n.nlmsg_len = sizeof req;
-	req.n.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-	req.n.nlmsg_flags = NLM_F_REQUEST;
-	req.r.sdiag_family = (uint8_t)l->family;
-	req.r.sdiag_protocol = IPPROTO_TCP;
-	req.r.idiag_states = ~0u;
-	req.r.id.idiag_sport = l->port;
-	req.r.id.idiag_dport = p->port;
-	size_t n = l->family == AF_INET ? 4 : 16;
-	memcpy(req.r.id.idiag_src, l->addr, n);
-	memcpy(req.r.id.idiag_dst, p->addr, n);
-	req.r.id.idiag_cookie[0] = req.r.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
-	if (syscall(SYS_sendto, nl, &req, sizeof req, 0, NULL, 0) < 0)
-		return -errno;
-	/* The kernel answers a lookup at once: one message, or an error. */
-	union {
-		struct nlmsghdr n;
-		char b[1024];
-	} buf;
-	ssize_t got = sys_recvfrom(nl, buf.b, sizeof buf.b, MSG_DONTWAIT);
-	if (got < 0)
-		return -errno;
-	for (struct nlmsghdr *h = &buf.n; NLMSG_OK(h, (size_t)got); h = NLMSG_NEXT(h, got)) {
-		if (h->nlmsg_type == NLMSG_ERROR) {
-			const struct nlmsgerr *e = NLMSG_DATA(h);
-			if (h->nlmsg_len < NLMSG_LENGTH(sizeof *e))
-				return -EIO;
-			return e->error == -ENOENT ? 0 : e->error ? e->error : -EIO;
-		}
-		if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
-		    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
-			continue;
-		const struct inet_diag_msg *d = NLMSG_DATA(h);
-		/* A lookup that finds no connection may find the listener of
-		 * the port: not the end we ask about. */
-		return d->idiag_state != TCP_LISTEN && d->id.idiag_sport == l->port &&
-		       d->id.idiag_dport == p->port;
-	}
-	return -EIO;
+	struct sdp_diag d;
+	int r = sdp_diag_one(nl, l->family, l->addr, l->port, p->addr, p->port, &d);
+	if (r <= 0)
+		return r;
+	/* A lookup that finds no connection may find the listener of the
+	 * port: not the end we ask about. */
+	return d.state != TCP_LISTEN && d.sport == l->port && d.dport == p->port;
 }
 
 /* Does the server's end of c's TCP connection exist? 1 yes, 0 no, -errno
