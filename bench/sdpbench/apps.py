@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shutil
+import subprocess
 
 from . import cpu as cpumod
 from .core import Ctx, Experiment, Metric, Sample, fail
@@ -323,6 +324,30 @@ def _wrk(ctx, cfg, url: str, conns: int, threads: int, dur: int, script: str):
     return res, j
 
 
+def _tcp_counters(cfg) -> dict | None:
+    """The kernel's TCP counters that mark connection set-ups the server
+    side dropped (`ListenOverflows`: a full accept queue; `TCPSynRetrans`:
+    SYNs the client had to send again, 1 s then 3 s later), read in the
+    server's network namespace. Under load these, not the transport, can
+    make the latency tail: compare them between configurations."""
+    argv = ["cat", "/proc/net/netstat"]
+    if cfg.server_ns:
+        argv = ["ip", "netns", "exec", cfg.server_ns] + argv
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = [ln.split() for ln in out.splitlines() if ln.startswith("TcpExt:")]
+    if len(lines) < 2:
+        return None
+    row = dict(zip(lines[0][1:], lines[1][1:]))
+    try:
+        return {"listen_overflows": int(row["ListenOverflows"]),
+                "syn_retrans": int(row["TCPSynRetrans"])}
+    except (KeyError, ValueError):
+        return None
+
+
 def _wrk_metrics(j: dict) -> tuple[dict, dict, float]:
     secs = j["duration_us"] / 1e6
     cdf = j.get("cdf", [])
@@ -427,6 +452,41 @@ class DataCenter(AppExperiment):
     xparam = None
     report_note = ("The plot's right panel is the complementary CDF of the response time "
                    "(fraction of requests slower than t), as in paper 003 Fig 10.")
+    extra_stats = ("syn_retrans", "listen_overflows")
+
+    def report_extra(self, rows):
+        """Per configuration and connection count: the requests in flight
+        on average (requests/s x mean latency; a closed loop keeps about one
+        per connection) and the connection set-ups the kernel dropped during
+        the run (all tiers: wrk to nginx, nginx to the app servers, the app
+        servers to redis): full accept queues and the SYNs sent again. A
+        SYN sent again waits 1 s (then 3 s), so a run with many of them has
+        a p99 of seconds whatever the transport."""
+        def cell(st, fmt):
+            if isinstance(st, (int, float)):
+                return fmt.format(st)
+            if not st:
+                return "-"
+            v = fmt.format(st["median"])
+            if st["min"] != st["max"]:
+                v += " [" + fmt.format(st["min"]) + "-" + fmt.format(st["max"]) + "]"
+            return v
+        L = ["Connection set-up under load (median [min-max] of the runs): requests in "
+             "flight (a closed loop keeps one per connection), SYNs sent again and full "
+             "accept queues (kernel counters of the server namespace, all tiers).", "",
+             "| configuration | connections | in flight | SYNs sent again | accept queue full |",
+             "|---|---|---|---|---|"]
+        n = 0
+        for r in rows:
+            ex = r.get("extra") or {}
+            if not r.get("available") or "syn_retrans" not in ex:
+                continue
+            L.append(f"| `{r['config']}` | {r['params'].get('conns')} | "
+                     f"{cell(ex.get('in_flight'), '{:.0f}')} | "
+                     f"{cell(ex.get('syn_retrans'), '{:.0f}')} | "
+                     f"{cell(ex.get('listen_overflows'), '{:.0f}')} |")
+            n += 1
+        return L + [""] if n else []
 
     def params(self, mode):
         return [{"conns": c} for c in _pick(mode, [50, 600], [50, 600], [50])]
@@ -463,11 +523,16 @@ class DataCenter(AppExperiment):
             srv.start(["nginx", "-c", cpath, "-p", tmp, "-e", os.path.join(tmp, "error.log")],
                       nport, "nginx proxy")
             srv.begin()
+            k0 = _tcp_counters(cfg)
             res, j = _wrk(ctx, cfg, f"http://{cfg.server_addr}:{nport}/item", conns=p["conns"],
                           threads=2, dur=ctx.app_dur, script=self.lua)
+            k1 = _tcp_counters(cfg)
             if j is None:
                 return fail(f"wrk gave no results (exit {res.rc}): " + _tail(res.stderr or res.stdout))
             m, extra, secs = _wrk_metrics(j)
+            if k0 and k1:
+                for k in k0:
+                    extra[k] = k1[k] - k0[k]
             m.pop("mbytes_per_s", None)
             s = _app_sample(srv, res, secs, m, nbytes=j["bytes"], extra=extra)
             return _check_wrk(s, j, extra, p["conns"])
