@@ -34,6 +34,56 @@ end
 """
 
 
+# The data center's script also records each response time as it was:
+# wrk corrects its own histogram for coordinated omission (stats_correct:
+# every response slower than runtime / (requests per connection) adds
+# copies of itself, less one interval each, down to that interval), so a
+# few hundred slow first requests of a start-up burst become several per
+# cent of its samples. Each request carries its send time (CLOCK_MONOTONIC,
+# us) in `X-Q`; nginx sends it back (add_header X-Q $http_x_q) and the
+# response's arrival closes the sample. Buckets of 100 us.
+WRK_LUA_RECORDED = r"""
+local ffi = require("ffi")
+ffi.cdef[[ typedef struct { long tv_sec; long tv_nsec; } sdpb_ts; int clock_gettime(int, sdpb_ts *); ]]
+local ts = ffi.new("sdpb_ts")
+local function now_us()
+  ffi.C.clock_gettime(1, ts)
+  return tonumber(ts.tv_sec) * 1000000 + math.floor(tonumber(ts.tv_nsec) / 1000)
+end
+local threads = {}
+setup = function(thread) table.insert(threads, thread) end
+rec = {}
+request = function()
+  return wrk.format(nil, nil, {["X-Q"] = tostring(now_us())})
+end
+response = function(status, headers, body)
+  local q = tonumber(headers["X-Q"])
+  if q then
+    local b = math.floor((now_us() - q) / 100)
+    rec[b] = (rec[b] or 0) + 1
+  end
+end
+""" + WRK_LUA.replace("done = function(summary, latency, requests)", """done = function(summary, latency, requests)
+  local all, n, keys = {}, 0, {}
+  for _, t in ipairs(threads) do
+    for b, c in pairs(t:get("rec")) do
+      if all[b] == nil then table.insert(keys, b) end
+      all[b] = (all[b] or 0) + c
+      n = n + c
+    end
+  end
+  table.sort(keys)
+  local ps, out, acc, i = {50, 90, 99, 99.9}, {}, 0, 1
+  for _, b in ipairs(keys) do
+    acc = acc + all[b]
+    while i <= #ps and acc >= ps[i] / 100 * n do
+      table.insert(out, string.format("[%g,%d]", ps[i], b * 100 + 50))
+      i = i + 1
+    end
+  end
+  io.write('WRKREC {"n":' .. n .. ',"cdf":[' .. table.concat(out, ",") .. ']}\\n')""")
+
+
 def _tail(text, n=200):
     return (text or "").strip().replace("\n", " | ")[-n:]
 
@@ -321,6 +371,12 @@ def _wrk(ctx, cfg, url: str, conns: int, threads: int, dur: int, script: str):
                 j = json.loads(line[len("WRKJSON "):])
             except ValueError:
                 pass
+    for line in res.stdout.splitlines():
+        if j is not None and line.startswith("WRKREC "):
+            try:
+                j["recorded"] = json.loads(line[len("WRKREC "):])
+            except ValueError:
+                pass
     return res, j
 
 
@@ -363,6 +419,12 @@ def _wrk_metrics(j: dict) -> tuple[dict, dict, float]:
     # means most connections were stuck (they do not show up as errors).
     if secs and j.get("mean_us"):
         extra["in_flight"] = j["requests"] / secs * j["mean_us"] / 1e6
+    rec = j.get("recorded") or {}
+    if rec.get("n"):
+        rp = {p: v for p, v in rec.get("cdf", [])}
+        for p, k in ((50, "rec_p50_ms"), (99, "rec_p99_ms")):
+            if p in rp:
+                extra[k] = rp[p] / 1000.0
     return m, extra, secs
 
 
@@ -452,7 +514,7 @@ class DataCenter(AppExperiment):
     xparam = None
     report_note = ("The plot's right panel is the complementary CDF of the response time "
                    "(fraction of requests slower than t), as in paper 003 Fig 10.")
-    extra_stats = ("syn_retrans", "listen_overflows")
+    extra_stats = ("syn_retrans", "listen_overflows", "rec_p50_ms", "rec_p99_ms")
 
     def report_extra(self, rows):
         """Per configuration and connection count: the requests in flight
@@ -471,17 +533,25 @@ class DataCenter(AppExperiment):
             if st["min"] != st["max"]:
                 v += " [" + fmt.format(st["min"]) + "-" + fmt.format(st["max"]) + "]"
             return v
-        L = ["Connection set-up under load (median [min-max] of the runs): requests in "
-             "flight (a closed loop keeps one per connection), SYNs sent again and full "
-             "accept queues (kernel counters of the server namespace, all tiers).", "",
-             "| configuration | connections | in flight | SYNs sent again | accept queue full |",
-             "|---|---|---|---|---|"]
+        L = ["Response times as recorded, and connection set-up under load (median "
+             "[min-max] of the runs). wrk's p99 above is corrected for coordinated omission: "
+             "each response slower than the run's time / requests per connection adds copies "
+             "of itself, one interval shorter each, so a few hundred slow first requests of "
+             "a start-up burst weigh several per cent. `recorded` is each request's own time "
+             "(its send time echoed by nginx). Requests in flight: a closed loop keeps one per "
+             "connection. SYNs sent again (each waits 1 s, then 3 s) and full accept queues: "
+             "kernel counters of the server namespace, all tiers.", "",
+             "| configuration | connections | p50 recorded (ms) | p99 recorded (ms) | in flight "
+             "| SYNs sent again | accept queue full |",
+             "|---|---|---|---|---|---|---|"]
         n = 0
         for r in rows:
             ex = r.get("extra") or {}
             if not r.get("available") or "syn_retrans" not in ex:
                 continue
             L.append(f"| `{r['config']}` | {r['params'].get('conns')} | "
+                     f"{cell(ex.get('rec_p50_ms'), '{:.1f}')} | "
+                     f"{cell(ex.get('rec_p99_ms'), '{:.1f}')} | "
                      f"{cell(ex.get('in_flight'), '{:.0f}')} | "
                      f"{cell(ex.get('syn_retrans'), '{:.0f}')} | "
                      f"{cell(ex.get('listen_overflows'), '{:.0f}')} |")
@@ -494,7 +564,7 @@ class DataCenter(AppExperiment):
     def setup(self, ctx):
         self.lua = os.path.join(ctx.tmp, "wrk-cdf.lua")
         with open(self.lua, "w") as fh:
-            fh.write(WRK_LUA)
+            fh.write(WRK_LUA_RECORDED)
 
     def run(self, ctx, cfg, p):
         if not os.path.exists(ctx.appserver):
@@ -506,7 +576,7 @@ class DataCenter(AppExperiment):
                            f"    upstream app {{ server 127.0.0.1:{a1}; server 127.0.0.1:{a2}; "
                            f"keepalive 64; }}").replace(
             "LOCATIONS", "location / { proxy_pass http://app; proxy_http_version 1.1; "
-                         "proxy_set_header Connection \"\"; }")
+                         "proxy_set_header Connection \"\"; add_header X-Q $http_x_q; }")
         cpath = os.path.join(tmp, "nginx.conf")
         with open(cpath, "w") as fh:
             fh.write(conf)
