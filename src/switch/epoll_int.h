@@ -98,6 +98,9 @@ struct ep_shadow {
 	int *hot;                     /* members the last scan found ready */
 	int nhot;
 	int nqueued;                  /* members on a live queue of ours */
+	_Atomic bool kernel_owed;     /* a wait returned a full array of SDP
+				       * members without asking the kernel:
+				       * the next one asks it first */
 	bool full;                    /* next scan looks at every member */
 	uint64_t full_at;             /* and one at the latest then (ns) */
 	uint32_t gen;

@@ -512,6 +512,21 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 	uint64_t deadline = timeout_ns >= 0 ? start + (uint64_t)timeout_ns : 0;
 	uint32_t spin = sdp_spin_budget(&s->spin_cur, &s->spin_waits, sdp_tun.spin_us);
 	bool spun = timeout_ns == 0 || !spin;
+	if (atomic_exchange(&s->kernel_owed, false)) {
+		/* The last wait filled the caller's array with SDP members and
+		 * never asked the kernel: its members (a listener, plain TCP
+		 * sockets, timers) come first now, in up to half the array,
+		 * as the kernel's own ready list would let them. Those it does
+		 * not return stay queued there. */
+		int half = max > 1 ? max / 2 : 1;
+		int r = kernel_wait(epfd, ev, half, &zero, mask);
+		int k = r > 0 ? filter(s, ev, r) : 0;
+		int n = k + (k < max ? scan(s, ev + k, max - k) : 0);
+		if (n == max && k == 0)
+			atomic_store(&s->kernel_owed, true);
+		if (n)
+			return n;
+	}
 	for (;;) {
 		int n = scan(s, ev, max);
 		if (!spun && !n) {
@@ -562,11 +577,14 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 		}
 		if (n) {
 			sdp_wake_drop(wk);
-			/* Also collect what the kernel has, without waiting. */
+			/* Also collect what the kernel has, without waiting;
+			 * with no room left, the next wait asks it first. */
 			if (n < max) {
 				int r = kernel_wait(epfd, ev + n, max - n, &zero, mask);
 				if (r > 0)
 					n += filter(s, ev + n, r);
+			} else {
+				atomic_store(&s->kernel_owed, true);
 			}
 			return n;
 		}
