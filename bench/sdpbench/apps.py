@@ -517,7 +517,9 @@ class DataCenter(AppExperiment):
     extra_stats = ("syn_retrans", "listen_overflows", "rec_p50_ms", "rec_p99_ms")
 
     def report_extra(self, rows):
-        """Per configuration and connection count: the requests in flight
+        """Per configuration and connection count: each request's recorded
+        response time (p50, p99; wrk's own percentiles are corrected for
+        coordinated omission, WRK_LUA_RECORDED), the requests in flight
         on average (requests/s x mean latency; a closed loop keeps about one
         per connection) and the connection set-ups the kernel dropped during
         the run (all tiers: wrk to nginx, nginx to the app servers, the app
