@@ -364,19 +364,20 @@ def _wrk(ctx, cfg, url: str, conns: int, threads: int, dur: int, script: str):
     args = ["wrk", "-t", str(threads), "-c", str(conns), "-d", f"{dur}s", "--timeout", "5s",
             "-s", script, url]
     res = run_client(cfg.wrap(args, "client", ctx), cfg.environ(), timeout=dur * 3 + 30)
-    j = None
+    j = rec = None
     for line in res.stdout.splitlines():
-        if line.startswith("WRKJSON "):
+        tag, _, rest = line.partition(" ")
+        if tag in ("WRKJSON", "WRKREC"):
             try:
-                j = json.loads(line[len("WRKJSON "):])
+                v = json.loads(rest)
             except ValueError:
-                pass
-    for line in res.stdout.splitlines():
-        if j is not None and line.startswith("WRKREC "):
-            try:
-                j["recorded"] = json.loads(line[len("WRKREC "):])
-            except ValueError:
-                pass
+                continue
+            if tag == "WRKJSON":
+                j = v
+            else:
+                rec = v
+    if j is not None and rec is not None:
+        j["recorded"] = rec
     return res, j
 
 
