@@ -87,6 +87,12 @@ struct sdp_sock_stats {
 	/* sleeps of a blocked send/recv of this (threaded) process on that
 	 * word, before it sleeps on the TCP socket */
 	uint64_t futex_sleeps;
+	/* Accepting side: the hellos its accept read (from the rendezvous
+	 * and the put-back queue) to find this connection's - 1 when its
+	 * own came first - and those of other connections it gave back for
+	 * the other processes of a shared listener. Connecting side: 0. */
+	uint32_t accept_hellos_read;
+	uint32_t accept_hellos_back;
 };
 
 #endif /* SDP_H */

@@ -62,6 +62,8 @@
 #define JOIN_RETRY_NS  (100ull * 1000000ull)   /* then a new request at most this often */
 #define GROUP_FD_MIN   900                     /* keep our fds out of the way */
 
+static void pb_open(struct sdp_listener *l);
+
 static size_t lsh_len(void)
 {
 	return (sizeof(struct lshared) + 4095) & ~(size_t)4095;
@@ -119,11 +121,52 @@ int lshared_init(struct sdp_listener *l, bool passable)
 	}
 	l->sh = sh;
 	l->shfd = fd;
+	pb_open(l);
 	return 0;
+}
+
+/* The put-back queue (hello.c): a socket pair every member holds, kept out
+ * of the application's way like the group's other descriptors. Without it
+ * (no descriptor left) the group puts hellos back into the rendezvous, as
+ * every member then knows (has_pb). */
+static void pb_open(struct sdp_listener *l)
+{
+	int sv[2];
+	l->pb[0] = l->pb[1] = -1;
+	l->sh->has_pb = 0;
+	if (sys_socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK,
+			   0, sv) < 0) {
+		sdp_log(1, "rendezvous: no put-back queue (%s): hellos go back "
+			"into the rendezvous", strerror(errno));
+		return;
+	}
+	/* Room for several hundred hellos (the kernel caps it at
+	 * wmem_max); a full queue sends them to the rendezvous. */
+	int sz = 1 << 20;
+	sys_setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
+	for (int i = 0; i < 2; i++) {
+		int hi = sys_fcntl(sv[i], F_DUPFD_CLOEXEC, GROUP_FD_MIN);
+		if (hi >= 0) {
+			sys_close(sv[i]);
+			sv[i] = hi;
+		}
+		l->pb[i] = sv[i];
+	}
+	l->sh->has_pb = 1;
+}
+
+static void pb_close(struct sdp_listener *l)
+{
+	for (int i = 0; i < 2; i++) {
+		if (l->pb[i] >= 0)
+			sys_close(l->pb[i]);
+		l->pb[i] = -1;
+	}
 }
 
 void lshared_drop(struct sdp_listener *l)
 {
+	pb_close(l);
 	if (l->sh) {
 		atomic_fetch_sub(&l->sh->nproc, 1);
 		munmap(l->sh, lsh_len());
@@ -466,7 +509,8 @@ static bool join_poll_locked(struct sdp_listener *l)
 	socklen_t tl = sizeof type, al = sizeof acc;
 	struct stat st;
 	if (n != (ssize_t)sizeof a || a.magic != SDP_JOIN_MAGIC ||
-	    a.version != SDP_PROTO_VERSION || a.nonce != l->join_nonce || nfds != 2 ||
+	    a.version != SDP_PROTO_VERSION || a.nonce != l->join_nonce ||
+	    (nfds != 2 && nfds != 4) || a.nfds != (uint16_t)nfds ||
 	    (m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)))
 		bad = n == 0 ? "no answer" : "a malformed answer";
 	else if (sys_getsockopt(fds[0], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
@@ -481,6 +525,14 @@ static bool join_poll_locked(struct sdp_listener *l)
 		 ((struct lshared *)p)->version != LSH_VERSION ||
 		 ((struct lshared *)p)->size != sizeof(struct lshared))
 		bad = "a shared block of another version";
+	else if (((struct lshared *)p)->has_pb != (nfds == 4))
+		bad = "an answer without the put-back queue";
+	else if (nfds == 4 &&
+		 (sys_getsockopt(fds[2], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
+		  type != SOCK_SEQPACKET ||
+		  sys_getsockopt(fds[3], SOL_SOCKET, SO_TYPE, &type, &tl) < 0 ||
+		  type != SOCK_SEQPACKET))
+		bad = "not a put-back queue";
 	if (bad) {
 		if (p != MAP_FAILED)
 			munmap(p, lsh_len());
@@ -491,10 +543,15 @@ static bool join_poll_locked(struct sdp_listener *l)
 	}
 	l->sh = p;
 	l->shfd = fds[1];
-	int hi = sys_fcntl(l->shfd, F_DUPFD_CLOEXEC, GROUP_FD_MIN);
-	if (hi >= 0) {
-		sys_close(l->shfd);
-		l->shfd = hi;
+	l->pb[0] = nfds == 4 ? fds[2] : -1;
+	l->pb[1] = nfds == 4 ? fds[3] : -1;
+	int *high[3] = { &l->shfd, &l->pb[0], &l->pb[1] };
+	for (int i = 0; i < 3; i++) {
+		int hi = *high[i] >= 0 ? sys_fcntl(*high[i], F_DUPFD_CLOEXEC, GROUP_FD_MIN) : -1;
+		if (hi >= 0) {
+			sys_close(*high[i]);
+			*high[i] = hi;
+		}
 	}
 	if (l->want_withdraw)
 		sys_shutdown(fds[0], SHUT_RDWR);
@@ -513,11 +570,12 @@ void group_answer_join(struct sdp_listener *l, int s, const struct sdp_hello *h)
 		return;
 	}
 	atomic_fetch_add(&l->sh->nproc, 1);
+	int nfds = l->sh->has_pb ? 4 : 2;
 	struct sdp_join_answer a = { .magic = SDP_JOIN_MAGIC,
-				     .version = SDP_PROTO_VERSION, .nfds = 2,
+				     .version = SDP_PROTO_VERSION, .nfds = (uint16_t)nfds,
 				     .nonce = h->token };
-	int fds[2] = { l->rv, l->shfd };
-	int r = rv_send(s, &a, sizeof a, fds, 2);
+	int fds[4] = { l->rv, l->shfd, l->pb[0], l->pb[1] };
+	int r = rv_send(s, &a, sizeof a, fds, nfds);
 	if (r < 0) {
 		atomic_fetch_sub(&l->sh->nproc, 1);
 		sdp_log(1, "rendezvous: could not answer a join request: %s", strerror(-r));
@@ -599,6 +657,7 @@ static struct sdp_listener *group_new(const struct key *k)
 	l->rv = -1;
 	l->join = -1;
 	l->shfd = -1;
+	l->pb[0] = l->pb[1] = -1;
 	l->group = true;
 	l->k = *k;
 	l->uid = geteuid();

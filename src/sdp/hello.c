@@ -184,6 +184,7 @@ int sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listene
 	}
 	l->join = -1;
 	l->shfd = -1;
+	l->pb[0] = l->pb[1] = -1;
 	l->refs = 1;
 	l->fd_owned = true;
 	l->namelen = rv_name(&l->name, l->uid, &k);
@@ -272,10 +273,12 @@ void sdp_listener_fork(struct sdp_listener *l, int delta)
 int rv_send(int s, const void *msg, size_t len, const int *fds, int nfds)
 {
 	struct iovec iov = { (void *)msg, len };
-	union { struct cmsghdr c; char buf[CMSG_SPACE(FAB_OFFER_FDS * sizeof(int))]; } u;
+	union { struct cmsghdr c; char buf[CMSG_SPACE(RV_FDS_MAX * sizeof(int))]; } u;
 	memset(&u, 0, sizeof u);
 	struct msghdr m = { .msg_iov = &iov, .msg_iovlen = 1 };
-	if (nfds > 0 && nfds <= FAB_OFFER_FDS) {
+	if (nfds > RV_FDS_MAX)
+		return -EINVAL;
+	if (nfds > 0) {
 		m.msg_control = u.buf;
 		m.msg_controllen = CMSG_SPACE((size_t)nfds * sizeof(int));
 		struct cmsghdr *cm = CMSG_FIRSTHDR(&m);
@@ -341,6 +344,12 @@ static const char *tomb_text(int err)
 	}
 }
 
+/* What the accept of this thread has cost so far (sdp_sock_stats
+ * accept_hellos_read, accept_hellos_back). */
+static __thread struct {
+	uint32_t read, back;
+} accept_cost;
+
 /* Take one message from a connected rendezvous socket s (nonblocking).
  * 0: nothing there yet; -1: dropped; 1: a hello appended to l->pend;
  * 2: recorded in the shared block instead (a hello that cannot be served,
@@ -375,6 +384,7 @@ static int take_hello(struct sdp_listener *l, int s, struct key *tl, struct key 
 	ssize_t n = sys_recvmsg(s, &m, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
 	if (n < 0 && errno == EAGAIN)
 		return 0;
+	accept_cost.read++;
 	int fds[FAB_OFFER_FDS];
 	unsigned kept = 0, nfds = 0;          /* descriptors kept, received */
 	struct ucred cr;
@@ -539,15 +549,116 @@ static bool pending_stale(const struct pending *p, uint64_t now)
 	return age > 1000000000ull && kill(p->h.pid, 0) < 0 && errno == ESRCH;
 }
 
+static int give_back(struct sdp_listener *l, int i, uint64_t now);
+
+/* ---- the put-back queue ------------------------------------------------------
+ *
+ * A process of a shared rendezvous that reads a hello while looking for
+ * another connection's must give it back: its connection may be another
+ * process's to accept. Sent back into the rendezvous, it would wait behind
+ * every hello queued since, and the accept that needs it would first read
+ * (and send back) all of those: with a burst of connections whose hellos
+ * arrive in a slightly other order than their SYNs, each such accept went
+ * once round the whole queue. So hellos go back into the group's put-back
+ * queue, a socket pair every member holds (group.c pb_open), with their
+ * connections in an index in the shared block. An accept reads it only
+ * when the index names its connection, and then only up to that hello:
+ * the accept of a connection whose hello is not there costs nothing more.
+ * Everything here runs under the group's lock. */
+
+static uint32_t pb_find(const struct lshared *sh, const struct key *lk,
+			const struct key *pk)
+{
+	for (uint32_t i = 0; i < sh->pb_n && i < PB_MAX; i++) {
+		const struct pb_key *e = &sh->pb[(sh->pb_head + i) % PB_MAX];
+		if (key_eq(&e->l, lk) && key_eq(&e->p, pk))
+			return i;
+	}
+	return UINT32_MAX;
+}
+
+/* 0: sent to the put-back queue; -errno: it has none, or it is full. */
+static int pb_put(struct sdp_listener *l, const struct pending *p)
+{
+	struct lshared *sh = l->sh;
+	if (!sh->has_pb || l->pb[1] < 0)
+		return -ENOTSUP;
+	if (sh->pb_n >= PB_MAX)
+		return -ENOSPC;
+	struct pb_key *e = &sh->pb[(sh->pb_head + sh->pb_n) % PB_MAX];
+	if (!hello_keys(&p->h, &e->l, &e->p))
+		return -EINVAL;
+	sh->pb_n++;                           /* before the send: never fewer */
+	struct sdp_hello_back b = { .h = p->h, .secret = sh->secret };
+	b.h.flags |= SDP_HELLO_RETURNED;
+	b.h.time_ns = p->rx_ns;
+	int r = hello_put(l->pb[1], &b, sizeof b, p->fds, p->h.nfds);
+	if (r < 0)
+		sh->pb_n--;
+	return r;
+}
+
+static void pb_pop(struct lshared *sh)
+{
+	if (sh->pb_n) {
+		sh->pb_head = (sh->pb_head + 1) % PB_MAX;
+		sh->pb_n--;
+	}
+}
+
+/* Take the put-back hellos up to the one of (lk, pk), if the index names
+ * it. true: found (in l->pend, or recorded for a reset: *tl, *tp). The
+ * others read on the way go back to the queue's tail (shared) or stay in
+ * l->pend (we are the only process left). */
+static bool pb_take(struct sdp_listener *l, const struct key *lk, const struct key *pk,
+		    bool shared, uint64_t now)
+{
+	struct lshared *sh = l->sh;
+	if (l->pb[0] < 0 || !sh->pb_n)
+		return false;
+	uint32_t pos = pb_find(sh, lk, pk);
+	if (pos == UINT32_MAX)
+		return false;
+	/* The index may name hellos the queue no longer holds (a process
+	 * killed between its receive and its pop), never fewer: ours is
+	 * within the first pos + 1. */
+	for (uint32_t i = 0; i <= pos; i++) {
+		struct key tl, tp;
+		int conn;
+		uint64_t since;
+		int r = take_hello(l, l->pb[0], &tl, &tp, &conn, &since);
+		if (r == 0) {                 /* empty: so is the index */
+			sh->pb_n = 0;
+			return false;
+		}
+		pb_pop(sh);
+		if (r == 3)
+			sys_close(conn);      /* not sent here: not ours */
+		if (r == 2 && key_eq(&tl, lk) && key_eq(&tp, pk))
+			return true;
+		if (r != 1)
+			continue;
+		if (hello_matches(&l->pend[l->npend - 1].h, lk, pk))
+			return true;
+		if (shared)
+			give_back(l, l->npend - 1, now);
+	}
+	return false;
+}
+
 /* Shared: pend[i] is for a connection another process will accept: back
- * into the queue with it (unless stale); if it cannot go back, its
- * connection is recorded for a reset. 1 if it went back. */
+ * into the group's put-back queue with it, or where that has no room into
+ * the rendezvous (unless stale); if it cannot go back, its connection is
+ * recorded for a reset. 2: it went to the put-back queue, 1: to the
+ * rendezvous, 0: dropped. */
 static int give_back(struct sdp_listener *l, int i, uint64_t now)
 {
 	struct pending *p = &l->pend[i];
 	int r = 0;
 	if (!pending_stale(p, now)) {
-		if (hello_send(l, &p->h, p->fds, p->rx_ns) == 0) {
+		if (pb_put(l, p) == 0) {
+			r = 2;
+		} else if (hello_send(l, &p->h, p->fds, p->rx_ns) == 0) {
 			r = 1;
 		} else {
 			struct key tl, tp;
@@ -557,6 +668,8 @@ static int give_back(struct sdp_listener *l, int i, uint64_t now)
 				"its connection will be reset", strerror(errno));
 		}
 	}
+	if (r)
+		accept_cost.back++;
 	drop_pending(l, i);
 	return r;
 }
@@ -630,7 +743,9 @@ static bool drain_stop(struct sdp_listener *l, int r, const struct key *tl,
 		return false;
 	uint64_t tok = h->token | 1;
 	bool wrapped = *mark == tok;
-	if (give_back(l, l->npend - 1, now) && !*mark)
+	/* Met again only if it went back into the rendezvous (the put-back
+	 * queue full): the whole queue has been read. */
+	if (give_back(l, l->npend - 1, now) == 1 && !*mark)
 		*mark = tok;
 	return wrapped;
 }
@@ -718,6 +833,8 @@ static int drain_queue(struct sdp_listener *l, const struct key *lk,
 		if (drain_stop(l, 1, &tl, &tp, lk, pk, shared, &mark, now))
 			return 0;
 	}
+	if (pb_take(l, lk, pk, shared, now))
+		return 0;
 	for (;;) {
 		int s = sys_accept4(l->rv, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
 		if (s < 0)
@@ -937,6 +1054,7 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
 	 * only - both ends would wait for each other. *refuse < 0 asks the
 	 * caller to reset it (the client sees ECONNRESET); > 0 to drop it
 	 * unseen (a joining listener's wake-up connection). */
+	accept_cost.read = accept_cost.back = 0;
 	for (int tries = 0; tries < 4; tries++) {
 		struct pending mine;
 		int err = 0;
@@ -1034,6 +1152,8 @@ struct sdp_conn *sdp_hello_accept(struct sdp_listener *l, int newfd,
 		sdp_proc_region(1, r == 1);
 		c->st.region_pooled = (c->ep.flags & FAB_EP_POOLED) != 0;
 		c->st.region_reused = r == 1;
+		c->st.accept_hellos_read = accept_cost.read;
+		c->st.accept_hellos_back = accept_cost.back;
 		c->token = mine.h.token;
 		c->peer_pid = mine.h.pid;
 		atomic_store(&c->zcopy_thresh, sdp_zcopy_default());

@@ -49,7 +49,14 @@ struct tomb {
  * joined it (group.c). A sealed memfd for groups (it is passed to joining
  * listeners), anonymous shared memory otherwise. */
 #define LSH_MAGIC   0x53445047u    /* "SDPG" */
-#define LSH_VERSION 1
+#define LSH_VERSION 2
+/* The put-back queue (hello.c): hellos a process of the group read while
+ * looking for another connection's go there, and it is read before the
+ * rendezvous - but only by an accept whose connection the index names. */
+#define PB_MAX 1024
+struct pb_key {
+	struct key l, p;               /* the hello's TCP connection */
+};
 struct lshared {
 	uint32_t magic;                /* LSH_MAGIC */
 	uint32_t version;              /* LSH_VERSION */
@@ -57,9 +64,17 @@ struct lshared {
 	uint32_t pad;
 	pthread_mutex_t lock;          /* robust, process-shared: taking hellos */
 	_Atomic uint32_t nproc;        /* processes holding the rendezvous */
-	uint32_t pad2;
+	uint32_t has_pb;               /* the group has a put-back queue: every
+					* member holds it (sdp_listener.pb) */
 	uint64_t secret;               /* proves a put-back hello is a sibling's */
 	struct tomb tomb[TOMB_MAX];    /* under lock */
+	/* Index of the put-back queue, under lock: the connections of its
+	 * hellos in queue order (a ring, pb_head first). Pushed before the
+	 * send, popped after the receive: it may name a hello more than the
+	 * queue holds (a process killed in between), never fewer; an empty
+	 * queue found empties it. */
+	uint32_t pb_head, pb_n;
+	struct pb_key pb[PB_MAX];
 };
 
 #define SILENT_MAX 32
@@ -80,6 +95,9 @@ struct sdp_listener {
 	uid_t uid;                     /* the only uid we take hellos from */
 	struct lshared *sh;            /* NULL while joining */
 	int shfd;                      /* memfd of sh (groups: passed to joiners), or -1 */
+	int pb[2];                     /* the put-back queue (a SOCK_SEQPACKET
+					* socketpair, shared like sh): [0] read,
+					* [1] write; -1 when the group has none */
 	struct pending *pend;
 	int npend, cap;
 	struct silent silent[SILENT_MAX];
@@ -112,6 +130,8 @@ struct sdp_listener {
 };
 
 /* hello.c */
+#define RV_FDS_MAX 4               /* descriptors rv_send passes at most (a
+				    * join answer's; an offer has FAB_OFFER_FDS) */
 int  rv_key_of(const struct sockaddr *sa, socklen_t len, struct key *k);
 socklen_t rv_name_of(struct sockaddr_un *un, uid_t uid, const struct key *k);
 int  rv_send(int s, const void *msg, size_t len, const int *fds, int nfds);

@@ -29,6 +29,7 @@ static inline int sys_bind(int fd, const void *a, socklen_t l) { return (int)sys
 static inline int sys_shutdown(int fd, int how) { return (int)syscall(SYS_shutdown, fd, how); }
 static inline int sys_listen(int fd, int b) { return (int)syscall(SYS_listen, fd, b); }
 static inline int sys_connect(int fd, const void *a, socklen_t l) { return (int)syscall(SYS_connect, fd, a, l); }
+static inline int sys_socketpair(int d, int t, int p, int *sv) { return (int)syscall(SYS_socketpair, d, t, p, sv); }
 static inline int sys_accept4(int fd, void *a, socklen_t *l, int f) { return (int)syscall(SYS_accept4, fd, a, l, f); }
 static inline ssize_t sys_sendmsg(int fd, const struct msghdr *m, int f) { return syscall(SYS_sendmsg, fd, m, f); }
 static inline ssize_t sys_recvmsg(int fd, struct msghdr *m, int f) { return syscall(SYS_recvmsg, fd, m, f); }

@@ -14,6 +14,8 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -210,6 +212,27 @@ EXPORT int listen(int fd, int backlog)
 	return r;
 }
 
+/* Test only (tests/c/t_putback.c): with SDP_TEST_HELLO_GATE="W:R" the
+ * process's first SDP connect, once its hello is queued and before its
+ * SYN, writes a byte to descriptor W and waits for one on R - so a test
+ * can order another connection between the two. Looked at once. */
+static void test_hello_gate(void)
+{
+	static _Atomic bool looked;
+	if (atomic_load_explicit(&looked, memory_order_relaxed) ||
+	    atomic_exchange(&looked, true))
+		return;
+	const char *g = getenv("SDP_TEST_HELLO_GATE");
+	int w, r;
+	if (!g || sscanf(g, "%d:%d", &w, &r) != 2)
+		return;
+	char b = 'h';
+	if (sys_write(w, &b, 1) != 1)
+		return;
+	while (sys_read(r, &b, 1) < 0 && errno == EINTR)
+		;
+}
+
 EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
 	SDP_INIT();
@@ -227,6 +250,8 @@ EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 		snprintf(why, sizeof why, "%s", w ? w : "no SDP listener serves the destination");
 	}
 	int r, e;
+	if (c)
+		test_hello_gate();
 	if (cs.deferred) {
 		/* Release the SYN held back while the hello was queued: a
 		 * zero-length send completes a deferred connect (blocking:

@@ -44,6 +44,9 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
                                "SDP_TEST_QUEUE_DELAY_US": "20000"},
             # the rings carry every byte (zero copy off), start at 4 slots
             "t_rcvbuf": {"SDP_ZCOPY_THRESH": "0", "SDP_RING_START": "4"},
+            # the first connect waits between its hello and its SYN
+            # (descriptors the program opens: t_putback.c GATE_W/GATE_R)
+            "t_putback": {"SDP_TEST_HELLO_GATE": "500:501"},
             # 2 GiB regions: eight would not fit an arena a peer maps
             "t_bigregion": {"SDP_NSLOTS": "1024", "SDP_SLOT_SIZE": "1048576"}}
 
