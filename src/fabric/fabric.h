@@ -164,6 +164,9 @@ enum { FAB_SELF_TX = 1, FAB_SELF_RX = 2 };
 struct fab_setup {
 	uint32_t nslots;       /* offer: receive buffers per direction wanted */
 	uint32_t slot_size;    /* offer: bytes per receive buffer wanted */
+	bool     geometry_default; /* offer: nslots and slot_size are the
+				* library's defaults, not the user's: a provider
+				* may choose its own of the same ring bytes */
 	uint64_t token;        /* the connection's identity, also in the hello:
 				* random, unique per connection */
 	int32_t  pid;          /* our process */

@@ -53,6 +53,9 @@
 
 #define OFI_KICKS      4       /* receive buffers beyond nslots: wake-ups
 				* (struct ofi_kick) in flight at most */
+#define OFI_SLOT_DEFAULT (64u << 10)  /* bytes per buffer unless the user
+				       * set SDP_SLOT_SIZE or SDP_NSLOTS */
+#define OFI_SLOTS_MIN  8       /* ... and at least this many */
 #define OFI_MISC_CTX   128     /* contexts of control writes, kicks, reads */
 #define OFI_OFFER_VERSION 1
 #define OFI_ANSWER_YES 'Y'     /* the server took the hello (PROTOCOL.md 14.2) */

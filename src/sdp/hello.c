@@ -1312,6 +1312,7 @@ struct sdp_conn *sdp_hello_connect(int fd, const struct sockaddr *dst,
 		goto fail;
 	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
 	struct fab_setup su = { .nslots = sdp_tun.nslots, .slot_size = sdp_tun.slot_size,
+				.geometry_default = !sdp_tun.geometry_given,
 				.token = h.token, .pid = (int32_t)sdp_pid,
 				.peer_pid = (int32_t)listener_pid };
 	if (ops->offer(&c->ep, &su, &o) < 0) {

@@ -370,6 +370,7 @@ struct sdp_conn *sdp_net_connect(int fd, const struct sockaddr *dst, socklen_t l
 		goto fail;
 	atomic_store(&c->zcopy_thresh, sdp_zcopy_default());
 	struct fab_setup su = { .nslots = sdp_tun.nslots, .slot_size = sdp_tun.slot_size,
+				.geometry_default = !sdp_tun.geometry_given,
 				.token = h.token, .pid = (int32_t)sdp_pid, .peer_pid = 0,
 				.local = &la.sa, .local_len = ll, .remote = dst,
 				.remote_len = len, .chan = s };

@@ -116,7 +116,8 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .def = "32768", .lo = 1024, .hi = 4u << 20, .align = 64, .unit = "bytes",
 	  .var = &sdp_tun.slot_size,
 	  .help = "bytes per receive buffer, rounded down to a multiple of 64 (the "
-		  "connecting side's value is used)" },
+		  "connecting side's value is used; over ofi, unless this or "
+		  "SDP_NSLOTS is given: 64 KiB buffers of the same ring bytes)" },
 	{ .env = "SDP_RING_START", .set = "ring_start", .kind = SDP_TK_NUM,
 	  .def = "4", .lo = 1, .hi = 4096, .unit = "buffers",
 	  .var = &sdp_tun.ring_start,
@@ -293,6 +294,7 @@ static bool apply(const struct sdp_tunable *t, const char *v)
 void sdp_tunables_load(sdp_tun_lookup lookup, void *arg, sdp_tun_report report,
 		       void *report_arg, struct sdp_tun_value *vals)
 {
+	bool geometry_given = false;
 	for (size_t i = 0; i < sdp_ntunables; i++) {
 		const struct sdp_tunable *t = &sdp_tunables[i];
 		struct sdp_tun_value tv = { .text = t->def, .src = SDP_TS_DEFAULT };
@@ -319,7 +321,11 @@ void sdp_tunables_load(sdp_tun_lookup lookup, void *arg, sdp_tun_report report,
 		}
 		if (vals)
 			vals[i] = tv;
+		if ((t->var == &sdp_tun.nslots || t->var == &sdp_tun.slot_size) &&
+		    tv.src != SDP_TS_DEFAULT)
+			geometry_given = true;
 	}
+	sdp_tun.geometry_given = geometry_given;
 	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;
 	if (sdp_tun.az_fault_auto)
 		sdp_tun.az_fault = 0;

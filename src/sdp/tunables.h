@@ -30,6 +30,8 @@ struct sdp_tunables {
 	uint32_t cma_alias;            /* 1: bounce CMA between page-aliased buffers */
 	uint32_t nslots;               /* receive buffers per direction */
 	uint32_t slot_size;            /* bytes per receive buffer */
+	uint32_t geometry_given;       /* 1: SDP_NSLOTS or SDP_SLOT_SIZE given
+					* (else a provider may choose its own) */
 	uint32_t region_cache;         /* shm regions reused per peer process */
 	uint32_t ring_start;           /* receive buffers a connection's sends
 					* start with (grown x4 while streaming) */

@@ -513,6 +513,8 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       "\"az_cow_copies\": %llu, \"az_outstanding\": %llu, "
 		       "\"ring_window\": %u, \"ring_window_max\": %u, "
 		       "\"trims\": %llu, \"trimmed_bytes\": %llu, "
+		       "\"nslots\": %u, \"slot_size\": %u, "
+		       "\"accept_hellos_read\": %u, \"accept_hellos_back\": %u, "
 		       "\"credits\": %u}",
 		       first ? "" : ",", pid, fd, la, ra,
 		       c->transport ? "sdp" : "tcp", fab,
@@ -539,6 +541,8 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       c->st.ring_window, c->st.ring_window_max,
 		       (unsigned long long)c->st.trims,
 		       (unsigned long long)c->st.trimmed_bytes,
+		       c->ep.nslots, c->ep.slot_size,
+		       c->st.accept_hellos_read, c->st.accept_hellos_back,
 		       c->st.credits);
 	else
 		printf("%-7d %-4d %-22s %-22s %-5s %-11s %-9s %12llu %12llu %9llu %9llu %4u\n",

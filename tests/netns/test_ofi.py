@@ -252,6 +252,10 @@ def test_stream_over_ofi(hosts, tmp_path, family):
     assert set(sides) == {"client", "server"}, json.dumps(both)
     for c in sides.values():
         assert c["fabric"] == "ofi:tcp" and c["transport"] == "sdp", json.dumps(c)
+        # No SDP_SLOT_SIZE/SDP_NSLOTS given: the ofi provider's own
+        # geometry, the library's ring bytes (64 x 32 KiB) in 64 KiB
+        # buffers (ofi.h OFI_SLOT_DEFAULT).
+        assert (c["slot_size"], c["nslots"]) == (65536, 32), json.dumps(c)
     assert sides["client"]["tx_bytes"] == 64 << 20
     assert sides["server"]["rx_bytes"] == 64 << 20
     # 1 MiB blocking sends over 64 KiB: Read Zero Copy from registered
@@ -260,6 +264,29 @@ def test_stream_over_ofi(hosts, tmp_path, family):
     assert sides["client"]["mr_cache_hits"] > 0, json.dumps(sides["client"])
     print("registration cache (client): %d hits, %d misses" %
           (sides["client"]["mr_cache_hits"], sides["client"]["mr_cache_misses"]))
+
+
+def test_ofi_geometry_given(hosts, tmp_path):
+    """SDP_SLOT_SIZE given by the user: the ofi connection keeps it (the
+    provider's own geometry is only for the library's defaults)."""
+    p = port()
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "sink"]),
+             _env(SDP_LOG=2))
+    srv.wait_line("listening")
+    hold = tmp_path / "hold"
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, PEER, "client", SRV4, p, "send", 4 << 20]),
+             _env(SDP_LOG=2, SDP_SLOT_SIZE=16384, SDP_NSLOTS=16, PEER_HOLD=hold))
+    cli.wait_line("sent", timeout=60)
+    both = _conns(_stat(hosts.a), p)
+    hold.touch()
+    rc, out, err = cli.finish()
+    assert rc == 0 and "match" in out, f"{out}\n{err[-3000:]}"
+    rc, _, serr = srv.finish()
+    assert rc == 0, serr[-3000:]
+    assert len(both) == 2, json.dumps(both)
+    for c in both:
+        assert c["fabric"] == "ofi:tcp", json.dumps(c)
+        assert (c["slot_size"], c["nslots"]) == (16384, 16), json.dumps(c)
 
 
 def test_same_host_still_shm(hosts):
