@@ -514,6 +514,9 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       "\"ring_window\": %u, \"ring_window_max\": %u, "
 		       "\"trims\": %llu, \"trimmed_bytes\": %llu, "
 		       "\"nslots\": %u, \"slot_size\": %u, "
+		       "\"doorbells_tx\": %llu, \"doorbells_rx\": %llu, "
+		       "\"queue_kicks\": %llu, \"futex_kicks\": %llu, "
+		       "\"futex_sleeps\": %llu, \"tokens_owed\": %llu, "
 		       "\"accept_hellos_read\": %u, \"accept_hellos_back\": %u, "
 		       "\"credits\": %u}",
 		       first ? "" : ",", pid, fd, la, ra,
@@ -542,6 +545,12 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       (unsigned long long)c->st.trims,
 		       (unsigned long long)c->st.trimmed_bytes,
 		       c->ep.nslots, c->ep.slot_size,
+		       (unsigned long long)c->st.doorbells_tx,
+		       (unsigned long long)c->st.doorbells_rx,
+		       (unsigned long long)c->st.queue_kicks,
+		       (unsigned long long)c->st.futex_kicks,
+		       (unsigned long long)c->st.futex_sleeps,
+		       (unsigned long long)c->st.tokens_owed,
 		       c->st.accept_hellos_read, c->st.accept_hellos_back,
 		       c->st.credits);
 	else
