@@ -8,8 +8,8 @@
  * (SDP_AZ_PROTECT=mprotect, =uffd). In sdp mode the counters prove the
  * path: the sender's bytes went asynchronously (tx_azcopy_bytes: all but
  * the partial pages at the ends), the receiver read them so
- * (rx_azcopy_bytes), the writes found pages in flight (az_faults), and
- * with copy-on-write some were copied aside (az_cow_copies).
+ * (rx_azcopy_bytes) and the writes found pages in flight (az_faults);
+ * how many copy-on-write copied aside (az_cow_copies) is printed.
  */
 #include "azlib.h"
 
@@ -71,8 +71,10 @@ static int scenario(char **argv)
 		CHECK(a.tx >= whole, "%s, offset %zu: %llu of %llu bytes asynchronous",
 		      fault, off, (unsigned long long)a.tx, (unsigned long long)whole);
 		CHECK(a.faults > 0, "no write found its page in flight");
-		if (!strcmp(fault, "copy"))
-			CHECK(a.cow > 0, "copy-on-write never copied");
+		/* With copy-on-write a fault copies the page aside, or finds
+		 * that the receiver finished reading it meanwhile - often, when
+		 * the sender is slow (AddressSanitizer): the copies are printed,
+		 * not required; the bytes above are. */
 		fprintf(stderr, "%s offset %zu: %d rounds, %llu faults, %llu copies\n", fault,
 			off, rounds, (unsigned long long)a.faults, (unsigned long long)a.cow);
 	}
