@@ -498,15 +498,23 @@ static bool pend_grow(struct sdp_listener *l)
 	return true;
 }
 
-/* Put a hello back into our own rendezvous queue (a sibling may need it).
- * Its time_ns becomes when it was first taken, so that it ages across
- * the processes that pass it on. */
-static int hello_send(const struct sdp_listener *l, const struct sdp_hello *h,
-		      const int *fds, uint64_t rx_ns)
+/* A hello as a process of the group gives it back (PROTOCOL.md: RETURNED
+ * and the secret). Its time_ns becomes when it was first taken, so that
+ * it ages across the processes that pass it on. */
+static struct sdp_hello_back hello_back(const struct sdp_listener *l,
+					const struct sdp_hello *h, uint64_t rx_ns)
 {
 	struct sdp_hello_back b = { .h = *h, .secret = l->sh->secret };
 	b.h.flags |= SDP_HELLO_RETURNED;
 	b.h.time_ns = rx_ns;
+	return b;
+}
+
+/* Put a hello back into our own rendezvous queue (a sibling may need it). */
+static int hello_send(const struct sdp_listener *l, const struct sdp_hello *h,
+		      const int *fds, uint64_t rx_ns)
+{
+	struct sdp_hello_back b = hello_back(l, h, rx_ns);
 	int s = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (s < 0)
 		return -errno;
@@ -589,9 +597,7 @@ static int pb_put(struct sdp_listener *l, const struct pending *p)
 	if (!hello_keys(&p->h, &e->l, &e->p))
 		return -EINVAL;
 	sh->pb_n++;                           /* before the send: never fewer */
-	struct sdp_hello_back b = { .h = p->h, .secret = sh->secret };
-	b.h.flags |= SDP_HELLO_RETURNED;
-	b.h.time_ns = p->rx_ns;
+	struct sdp_hello_back b = hello_back(l, &p->h, p->rx_ns);
 	int r = hello_put(l->pb[1], &b, sizeof b, p->fds, p->h.nfds);
 	if (r < 0)
 		sh->pb_n--;
