@@ -5,7 +5,7 @@ set -euo pipefail
 
 DEB_PKGS=(build-essential cmake pkg-config iproute2 ethtool procps psmisc
           iperf3 redis-server redis-tools nginx-light memcached libmemcached-tools
-          curl wrk sockperf netcat-openbsd python3 valgrind
+          curl wrk sockperf netcat-openbsd python3 valgrind postgresql
           openssh-server openssh-client libseccomp2
           moosefs-master moosefs-chunkserver moosefs-client moosefs-cli fuse3
           clang libclang-rt-14-dev llvm    # fuzzers (libFuzzer), symbolized reports
@@ -26,6 +26,20 @@ if ((${#missing[@]})); then
     $SUDO chmod +x /usr/sbin/policy-rc.d
     $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
     $SUDO rm -f /usr/sbin/policy-rc.d
+fi
+
+# Python's standard-library tests (tests/apps/test_pystdlib.py) for
+# Debian's own interpreter, whichever version it is.
+if [ -x /usr/bin/python3 ]; then
+    v=$(/usr/bin/python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])')
+    if ! dpkg-query -W -f='${Status}' "libpython$v-testsuite" 2>/dev/null | grep -q "install ok installed"; then
+        echo "install-deps: installing libpython$v-testsuite"
+        SUDO=""; [ "$(id -u)" = 0 ] || SUDO="sudo"
+        export DEBIAN_FRONTEND=noninteractive
+        $SUDO apt-get install -y -qq --no-install-recommends "libpython$v-testsuite" >/dev/null ||
+            { $SUDO apt-get update -qq &&
+              $SUDO apt-get install -y -qq --no-install-recommends "libpython$v-testsuite" >/dev/null; }
+    fi
 fi
 
 PY=${PYTHON:-python3}

@@ -1,6 +1,7 @@
 """Real applications under every configuration: iperf3, sockperf,
-redis-benchmark, nginx + wrk, and a three-tier data center (nginx reverse
-proxy -> two sdp-appserver application servers -> redis, driven by wrk)."""
+redis-benchmark, nginx + wrk, a three-tier data center (nginx reverse
+proxy -> two sdp-appserver application servers -> redis, driven by wrk),
+and PostgreSQL with pgbench."""
 from __future__ import annotations
 
 import json
@@ -663,8 +664,96 @@ class DataCenter(AppExperiment):
         return fig
 
 
+def _pg_bin() -> str | None:
+    import glob
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"))
+    return os.path.dirname(found[-1]) if found else None
+
+
+class Pgbench(AppExperiment):
+    name = "pgbench"
+    title = "PostgreSQL pgbench select-only"
+    reproduces = "003 §VI (the database tier: a forking server, one process per client)"
+    description = ("PostgreSQL (one backend process per connection, run as user postgres) "
+                   "and pgbench -S (select-only) with 8 clients on 2 threads: kept "
+                   "connections, and a new connection per transaction (-C).")
+    metrics = [Metric("tps", "tx/s", "transactions per second", "higher"),
+               Metric("lat_ms", "ms", "latency average", "lower")]
+    primary = "tps"
+    needs = ("runuser",)
+    xparam = None
+
+    def params(self, mode):
+        return [{"clients": 8, "connect": c} for c in _pick(mode, [0, 1], [0, 1], [0])]
+
+    def skip_reason(self, cfg) -> str | None:
+        if cfg.name in ("sdp-zcopy", "sdp-zcopy-all", "sdp-azcopy"):
+            return ("not run: queries and rows of a few hundred bytes never reach a zero-copy "
+                    "threshold: the path of sdp-bcopy")
+        return None
+
+    def unavailable_reason(self, ctx) -> str | None:
+        if os.geteuid() != 0:
+            return "needs root (the server runs as user postgres)"
+        if not _pg_bin():
+            return "PostgreSQL is not installed (scripts/install-deps.sh)"
+        return None
+
+    def run(self, ctx, cfg, p):
+        import pwd
+        import tempfile
+        bindir = _pg_bin()
+        if not bindir:
+            return fail("PostgreSQL is not installed (scripts/install-deps.sh)")
+        try:
+            pw = pwd.getpwnam("postgres")
+        except KeyError:
+            return fail("no user postgres (the PostgreSQL package makes it)")
+        top = tempfile.mkdtemp(prefix="sdpb-pg-", dir="/tmp")
+        os.chmod(top, 0o755)
+        os.chown(top, pw.pw_uid, pw.pw_gid)
+        as_pg = ["runuser", "-u", "postgres", "--"]
+        data = os.path.join(top, "data")
+        port = _port(ctx, cfg)
+        srv = Servers(ctx, cfg)
+        try:
+            r = run_client(as_pg + [f"{bindir}/initdb", "-D", data, "-A", "trust", "-U",
+                                    "postgres", "--no-sync"], cfg.environ(), timeout=120)
+            if r.rc != 0:
+                return fail("initdb: " + _tail(r.stderr or r.stdout))
+            with open(os.path.join(data, "pg_hba.conf"), "a") as fh:
+                fh.write("host all all 0.0.0.0/0 trust\n")     # the namespaces' client
+            srv.start(as_pg + [f"{bindir}/postgres", "-D", data, "-k", top, "-p", str(port),
+                               "-c", f"listen_addresses={cfg.server_addr}",
+                               "-c", "max_connections=100", "-c", "fsync=off",
+                               "-c", "synchronous_commit=off"], port, "postgres")
+            base = as_pg + [f"{bindir}/pgbench", "-h", cfg.server_addr, "-p", str(port),
+                            "-U", "postgres"]
+            r = run_client(cfg.wrap(base + ["-i", "-q", "-s", "1", "postgres"], "client", ctx),
+                           cfg.environ(), timeout=120)
+            if r.rc != 0:
+                return fail("pgbench -i: " + _tail(r.stderr or r.stdout))
+            args = base + ["-S", "-c", str(p["clients"]), "-j", "2", "-T", str(ctx.app_dur)]
+            if p["connect"]:
+                args.append("-C")
+            srv.begin()
+            res = run_client(cfg.wrap(args + ["postgres"], "client", ctx), cfg.environ(),
+                             timeout=ctx.app_dur * 3 + 60)
+            out = res.stdout + res.stderr
+            tps = re.search(r"^tps = ([\d.]+)", out, re.M)
+            lat = re.search(r"latency average = ([\d.]+) ms", out)
+            bad = re.search(r"number of failed transactions: (\d+)", out)
+            if res.rc != 0 or not tps or not lat or (bad and int(bad.group(1))):
+                return fail(f"pgbench (exit {res.rc}): " + _tail(out, 400))
+            return _app_sample(srv, res, res.wall, {"tps": float(tps.group(1)),
+                                                    "lat_ms": float(lat.group(1))})
+        finally:
+            srv.stop()
+            shutil.rmtree(top, ignore_errors=True)
+
+
 def experiments() -> list[Experiment]:
-    return [Iperf3(), Sockperf(), Redis(), Nginx(), DataCenter()]
+    return [Iperf3(), Sockperf(), Redis(), Nginx(), DataCenter(), Pgbench()]
 
 
 __all__ = ["experiments", "shutil"]

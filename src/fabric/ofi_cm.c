@@ -155,9 +155,9 @@ static void conn_free(struct ofi_conn *oc)
 	if (oc->mr)
 		fi_close(&oc->mr->fid);
 	if (oc->wfd >= 0)
-		sys_close(oc->wfd);
+		sys_close_kept(oc->wfd);
 	if (oc->evfd >= 0)
-		sys_close(oc->evfd);
+		sys_close_kept(oc->evfd);
 	ofi_chan_close(oc);
 	ofi_mr_drop(oc);
 	if (oc->mem)
@@ -226,8 +226,8 @@ static struct ofi_conn *conn_new(struct ofi_dom *d, int side, uint32_t nslots,
 		OFI_LOG(1, "ofi: cannot open a completion queue");
 		goto fail;
 	}
-	oc->wfd = sys_fd_high((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC));
-	oc->evfd = sys_fd_high((int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC));
+	oc->wfd = sys_fd_keep((int)syscall(SYS_epoll_create1, EPOLL_CLOEXEC), -1);
+	oc->evfd = sys_fd_keep((int)syscall(SYS_eventfd2, 0, EFD_NONBLOCK | EFD_CLOEXEC), -1);
 	if (oc->wfd < 0 || oc->evfd < 0 || epoll_add(oc->wfd, oc->evfd) ||
 	    epoll_add(oc->wfd, oc->cq_fd))
 		goto fail;
@@ -541,7 +541,7 @@ void ofi_chan_close(struct ofi_conn *oc)
 	oc->chan = -1;
 	pthread_mutex_unlock(&oc->chlock);
 	if (ch >= 0)
-		sys_close(ch);
+		sys_close_kept(ch);
 }
 
 /* Client: the server's answer on the hello's socket. */
@@ -636,7 +636,7 @@ static int ofi_accept_in(struct fab_ep *ep, const struct fab_setup *s, const str
 	}
 	oc->token = s->token;
 	oc->secret = of.secret;
-	oc->chan = sys_fd_high(sys_fcntl(o->fds[0], F_DUPFD_CLOEXEC, 0));
+	oc->chan = sys_fd_keep(sys_fcntl(o->fds[0], F_DUPFD_CLOEXEC, 0), -1);
 	struct fi_info *info = ofi_fi.dupinfo(d->info);
 	int r = -ENOMEM;
 	if (info) {

@@ -138,17 +138,13 @@ static bool gone(int32_t pid)
 
 static int high(int fd)
 {
-	int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, SHM_LINK_FD_MIN);
-	if (h < 0)
-		return fd;
-	sys_close(fd);
-	return h;
+	return sys_fd_keep(fd, SHM_LINK_FD_MIN);
 }
 
 static uint64_t ino_of(int fd, uint64_t *dev)
 {
 	struct stat st;
-	if (fstat(fd, &st) < 0)
+	if (sys_fstat(fd, &st) < 0)
 		return 0;
 	if (dev)
 		*dev = (uint64_t)st.st_dev;
@@ -375,7 +371,7 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id, 
 	}
 	struct stat st;
 	int seals = sys_fcntl(o->fds[1], F_GET_SEALS, 0);
-	if (fstat(o->fds[1], &st) < 0 || st.st_size != SHM_LINK_SIZE || seals < 0 ||
+	if (sys_fstat(o->fds[1], &st) < 0 || st.st_size != SHM_LINK_SIZE || seals < 0 ||
 	    (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
 		unlock();
 		return;
@@ -405,6 +401,7 @@ void shm_link_accept(struct fab_ep *ep, const struct fab_offer *o, uint64_t id, 
 		sys_close(sock);
 		sock = -1;
 	}
+	sys_fd_mark(sock, true);
 	if (sock < 0) {
 		if (k)                /* no room for it: the client stops asking */
 			atomic_store(&pg->owner[1], SHM_LINK_DECLINED);

@@ -215,7 +215,7 @@ static int memfd_new(size_t len)
 static bool arena_ours(struct shm_map *m)
 {
 	struct stat st;
-	return fstat(m->fd, &st) == 0 && (uint64_t)st.st_dev == m->dev &&
+	return sys_fstat(m->fd, &st) == 0 && (uint64_t)st.st_dev == m->dev &&
 	       (uint64_t)st.st_ino == m->ino;
 }
 
@@ -263,13 +263,9 @@ static struct shm_map *arena_new(int32_t peer, uint32_t nslots, uint32_t slot_si
 	int fd = memfd_new(len);
 	if (fd < 0)
 		return NULL;
-	int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, SHM_ARENA_FD_MIN);
-	if (hi >= 0) {
-		sys_close(fd);
-		fd = hi;
-	}
+	fd = sys_fd_keep(fd, SHM_ARENA_FD_MIN);
 	struct stat st;
-	void *base = fstat(fd, &st) == 0 ?
+	void *base = sys_fstat(fd, &st) == 0 ?
 		     mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
 	if (base == MAP_FAILED) {
 		sys_close(fd);
@@ -512,7 +508,7 @@ static int attach(struct fab_ep *ep, int memfd, uint32_t side, uint64_t off,
 		  bool pooled)
 {
 	struct stat st;
-	if (fstat(memfd, &st) < 0)
+	if (sys_fstat(memfd, &st) < 0)
 		return -errno;
 	if ((size_t)st.st_size < SHM_HDR_SIZE || (uint64_t)st.st_size > SHM_MEMFD_MAX ||
 	    (off & 4095) || off > (uint64_t)st.st_size - SHM_HDR_SIZE ||
@@ -670,7 +666,7 @@ int shm_ep_decline(const struct fab_setup *s, const struct fab_offer *o, int wfd
 	if ((so.flags & ~(SHM_OFFER_POOLED | SHM_OFFER_LINK | SHM_OFFER_LINK_ID)) ||
 	    (!(so.flags & SHM_OFFER_POOLED) && off))
 		return -EPROTO;
-	if (fstat(o->fds[0], &st) < 0)
+	if (sys_fstat(o->fds[0], &st) < 0)
 		return -errno;
 	if ((size_t)st.st_size < SHM_HDR_SIZE || (uint64_t)st.st_size > SHM_MEMFD_MAX ||
 	    off > (uint64_t)st.st_size - SHM_HDR_SIZE || !seals_ok(o->fds[0]))

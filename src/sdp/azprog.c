@@ -60,11 +60,7 @@ static int npend;
 /* Descriptors of the library live above the application's (as the pool). */
 static int move_high(int fd)
 {
-	int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, 900);
-	if (hi < 0)
-		return fd;
-	sys_close(fd);
-	return hi;
+	return sys_fd_keep(fd, 900);
 }
 
 static void uffd_unwp_page(uintptr_t a)
@@ -243,9 +239,9 @@ void az_prog_forget(void)
 	pthread_mutex_init(&start_mu, NULL);
 	atomic_store(&running, 0);
 	if (az_uffd >= 0)
-		sys_close(az_uffd);
+		sys_close_kept(az_uffd);
 	if (efd >= 0)
-		sys_close(efd);
+		sys_close_kept(efd);
 	az_uffd = -1;
 	efd = -1;
 	npend = 0;

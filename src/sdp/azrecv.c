@@ -175,7 +175,7 @@ static uint16_t cool_len[SDP_POOL_CONNS];
 static bool fd_names(int fd, uint64_t ino)
 {
 	struct stat st;
-	return fd >= 0 && fstat(fd, &st) == 0 && (uint64_t)st.st_ino == ino;
+	return fd >= 0 && sys_fstat(fd, &st) == 0 && (uint64_t)st.st_ino == ino;
 }
 
 /* The copy is done (or failed: poisoned, reset): publish the read, lift

@@ -325,7 +325,7 @@ static bool wait_read(struct sdp_conn *c, int fd, uint64_t ino, uint32_t id,
 	bool fd_ok = false;
 	if (fd >= 0) {
 		struct stat st;
-		fd_ok = fstat(fd, &st) == 0 && (uint64_t)st.st_ino == ino;
+		fd_ok = sys_fstat(fd, &st) == 0 && (uint64_t)st.st_ino == ino;
 	}
 	uint64_t spin_end = sdp_now_ns() + 50000;
 	for (unsigned n = 0;; n++) {
@@ -1003,7 +1003,7 @@ static void end_held(bool cloexec_only)
 			struct az_conn *ac = azc[live[i]];
 			struct stat st;
 			if (!ac || ac->linger || ac->fd < 0 || atomic_load(&ac->c->nproc) != 1 ||
-			    fstat(ac->fd, &st) != 0 || (uint64_t)st.st_ino != ac->ino)
+			    sys_fstat(ac->fd, &st) != 0 || (uint64_t)st.st_ino != ac->ino)
 				continue;
 			if (cloexec_only && !(sys_fcntl(ac->fd, F_GETFD, 0) & FD_CLOEXEC))
 				continue;

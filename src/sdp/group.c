@@ -87,11 +87,7 @@ int lshared_init(struct sdp_listener *l, bool passable)
 			sys_close(fd);
 			return e;
 		}
-		int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, GROUP_FD_MIN);
-		if (hi >= 0) {
-			sys_close(fd);
-			fd = hi;
-		}
+		fd = sys_fd_keep(fd, GROUP_FD_MIN);
 		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	} else {
 		p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -144,14 +140,8 @@ static void pb_open(struct sdp_listener *l)
 	 * wmem_max); a full queue sends them to the rendezvous. */
 	int sz = 1 << 20;
 	sys_setsockopt(sv[1], SOL_SOCKET, SO_SNDBUF, &sz, sizeof sz);
-	for (int i = 0; i < 2; i++) {
-		int hi = sys_fcntl(sv[i], F_DUPFD_CLOEXEC, GROUP_FD_MIN);
-		if (hi >= 0) {
-			sys_close(sv[i]);
-			sv[i] = hi;
-		}
-		l->pb[i] = sv[i];
-	}
+	for (int i = 0; i < 2; i++)
+		l->pb[i] = sys_fd_keep(sv[i], GROUP_FD_MIN);
 	l->sh->has_pb = 1;
 }
 
@@ -159,7 +149,7 @@ static void pb_close(struct sdp_listener *l)
 {
 	for (int i = 0; i < 2; i++) {
 		if (l->pb[i] >= 0)
-			sys_close(l->pb[i]);
+			sys_close_kept(l->pb[i]);
 		l->pb[i] = -1;
 	}
 }
@@ -173,7 +163,7 @@ void lshared_drop(struct sdp_listener *l)
 		l->sh = NULL;
 	}
 	if (l->shfd >= 0)
-		sys_close(l->shfd);
+		sys_close_kept(l->shfd);
 	l->shfd = -1;
 }
 
@@ -318,7 +308,7 @@ void group_fork(struct sdp_listener *l, int delta)
 
 static void withdraw_one(struct sdp_listener *l)
 {
-	if (l->rv >= 0)
+	if (l->rv >= 0 && rv_intact(l))
 		sys_shutdown(l->rv, SHUT_RDWR);
 	else
 		l->want_withdraw = true;      /* once joined */
@@ -517,7 +507,7 @@ static bool join_poll_locked(struct sdp_listener *l)
 		 type != SOCK_SEQPACKET ||
 		 sys_getsockopt(fds[0], SOL_SOCKET, SO_ACCEPTCONN, &acc, &al) < 0 || !acc)
 		bad = "not a rendezvous";
-	else if (fstat(fds[1], &st) < 0 || (size_t)st.st_size != lsh_len() ||
+	else if (sys_fstat(fds[1], &st) < 0 || (size_t)st.st_size != lsh_len() ||
 		 (p = mmap(NULL, lsh_len(), PROT_READ | PROT_WRITE, MAP_SHARED,
 			   fds[1], 0)) == MAP_FAILED)
 		bad = "no shared block";
@@ -545,14 +535,9 @@ static bool join_poll_locked(struct sdp_listener *l)
 	l->shfd = fds[1];
 	l->pb[0] = nfds == 4 ? fds[2] : -1;
 	l->pb[1] = nfds == 4 ? fds[3] : -1;
-	int *high[3] = { &l->shfd, &l->pb[0], &l->pb[1] };
-	for (int i = 0; i < 3; i++) {
-		int hi = *high[i] >= 0 ? sys_fcntl(*high[i], F_DUPFD_CLOEXEC, GROUP_FD_MIN) : -1;
-		if (hi >= 0) {
-			sys_close(*high[i]);
-			*high[i] = hi;
-		}
-	}
+	int *high[4] = { &fds[0], &l->shfd, &l->pb[0], &l->pb[1] };
+	for (int i = 0; i < 4; i++)
+		*high[i] = sys_fd_keep(*high[i], GROUP_FD_MIN);
 	if (l->want_withdraw)
 		sys_shutdown(fds[0], SHUT_RDWR);
 	__atomic_store_n(&l->rv, fds[0], __ATOMIC_RELEASE);   /* last: joined */
@@ -564,7 +549,7 @@ static bool join_poll_locked(struct sdp_listener *l)
 /* A member's side: s carries a join request (sender's uid checked). */
 void group_answer_join(struct sdp_listener *l, int s, const struct sdp_hello *h)
 {
-	if (!l->group || l->shfd < 0 || l->rv < 0) {
+	if (!l->group || l->shfd < 0 || l->rv < 0 || !rv_intact(l)) {
 		sdp_log(2, "rendezvous: join request for a listener that is not a "
 			"SO_REUSEPORT group: ignored");
 		return;
@@ -669,7 +654,8 @@ static struct sdp_listener *group_new(const struct key *k)
 /* Publish the group's rendezvous, or join the one that exists. */
 static int group_start(struct sdp_listener *l)
 {
-	l->rv = sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	l->rv = sys_fd_keep(sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0),
+			    GROUP_FD_MIN);
 	if (l->rv < 0)
 		return -errno;
 	if (sys_bind(l->rv, &l->name, l->namelen) == 0) {

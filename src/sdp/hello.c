@@ -188,7 +188,7 @@ int sdp_listener_open(int fd, bool offer, enum fab_pref pref, struct sdp_listene
 	l->refs = 1;
 	l->fd_owned = true;
 	l->namelen = rv_name(&l->name, l->uid, &k);
-	l->rv = sys_fd_high(sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+	l->rv = sys_fd_keep(sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0), -1);
 	if (l->rv < 0)
 		goto fail;
 	/* Each hello then carries its sender's credentials (take_hello): no
@@ -220,6 +220,31 @@ fail:;
 	return err;
 }
 
+/*
+ * Is l->rv still our rendezvous? The program may have closed its number
+ * with a raw system call, or put a file of its own there (dup2, which the
+ * switch lets through: switch/ours.c). Then SDP is no longer offered on
+ * this listener (lost) and the number is never used by us again. Cheap
+ * where it matters: callers on the accept path ask only when the number
+ * lost its mark (sys_fd_ours) or could not be read.
+ */
+bool rv_intact(struct sdp_listener *l)
+{
+	if (l->lost)
+		return false;
+	if (l->rv < 0)
+		return true;                  /* joining a group: none yet */
+	struct sockaddr_un un;
+	socklen_t len = sizeof un;
+	if (sys_getsockname(l->rv, &un, &len) == 0 && len == l->namelen &&
+	    memcmp(&un, &l->name, len) == 0)
+		return true;
+	sdp_log(1, "the rendezvous descriptor %d was closed or replaced by the program: "
+		"SDP is no longer offered on this listener (its clients use TCP)", l->rv);
+	l->lost = true;
+	return false;
+}
+
 /* No fd of this process names the listener any more. */
 void sdp_listener_close(struct sdp_listener *l)
 {
@@ -237,7 +262,7 @@ void listener_free(struct sdp_listener *l)
 	for (int i = 0; i < l->nnetsilent; i++)
 		sys_close(l->netsilent[i].fd);
 	free(l->pend);
-	if (l->rv >= 0)
+	if (l->rv >= 0 && rv_intact(l))
 		sys_close(l->rv);
 	if (l->net1 > 0)
 		sys_close(l->net1 - 1);
@@ -589,8 +614,8 @@ static uint32_t pb_find(const struct lshared *sh, const struct key *lk,
 static int pb_put(struct sdp_listener *l, const struct pending *p)
 {
 	struct lshared *sh = l->sh;
-	if (!sh->has_pb || l->pb[1] < 0)
-		return -ENOTSUP;
+	if (!sh->has_pb || l->pb[1] < 0 || !sys_fd_ours(l->pb[1]))
+		return -ENOTSUP;              /* (its number taken: ours.c) */
 	if (sh->pb_n >= PB_MAX)
 		return -ENOSPC;
 	struct pb_key *e = &sh->pb[(sh->pb_head + sh->pb_n) % PB_MAX];
@@ -620,7 +645,7 @@ static bool pb_take(struct sdp_listener *l, const struct key *lk, const struct k
 		    bool shared, uint64_t now)
 {
 	struct lshared *sh = l->sh;
-	if (l->pb[0] < 0 || !sh->pb_n)
+	if (l->pb[0] < 0 || !sh->pb_n || !sys_fd_ours(l->pb[0]))
 		return false;
 	uint32_t pos = pb_find(sh, lk, pk);
 	if (pos == UINT32_MAX)
@@ -890,7 +915,7 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 			   const char **why)
 {
 	memset(mine, 0, sizeof *mine);
-	if (!l->sh || l->rv < 0)
+	if (!l->sh || l->rv < 0 || l->lost || (!sys_fd_ours(l->rv) && !rv_intact(l)))
 		return LOOK_NONE;
 	static __thread char buf[96];
 	int r = sdp_lock(&l->sh->lock);
@@ -927,8 +952,12 @@ static enum look take_mine(struct sdp_listener *l, const struct key *lk,
 	if (res == LOOK_NONE && unreadable) {
 		/* Its hello may be in there: we cannot tell this client
 		 * from a TCP one unless the queue is empty. */
+		/* A rendezvous closed under us (rv_intact): clients
+		 * that come later find none and use TCP; a hello queued
+		 * before is lost with it, so this one client, which may
+		 * have sent one, is reset. */
 		struct pollfd p = { .fd = l->rv, .events = POLLIN };
-		if (l->nsilent || sys_poll(&p, 1, 0) > 0) {
+		if (!rv_intact(l) || l->nsilent || sys_poll(&p, 1, 0) > 0) {
 			*err = -unreadable;
 			snprintf(buf, sizeof buf, "the rendezvous could not be read (%s)",
 				 strerror(-unreadable));

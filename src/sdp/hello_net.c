@@ -107,7 +107,7 @@ int sdp_net_listen(int fd, enum fab_pref pref)
 		return -1;
 	}
 	sdp_log(2, "listen fd %d: network rendezvous on port %u", fd, (unsigned)ntohs(np));
-	return sys_fd_high(s);
+	return sys_fd_keep(s, -1);
 }
 
 int sdp_net_take(int s, struct sdp_hello *h)
@@ -242,7 +242,7 @@ static int rv_connect(const struct sockaddr *dst, socklen_t len)
 		sys_close(s);
 		return -1;
 	}
-	return sys_fd_high(s);
+	return sys_fd_keep(s, -1);
 }
 
 /* Wait (at most ofi_hello_ms) until the server's kernel acknowledged all

@@ -160,11 +160,7 @@ int sdp_pool_init(void)
 	}
 	/* Keep the fd open: it is how `sdp stat` finds the pool. Move it high
 	 * so it does not take the numbers applications expect. */
-	int hi = sys_fcntl(fd, F_DUPFD_CLOEXEC, 900);
-	if (hi >= 0) {
-		sys_close(fd);
-		fd = hi;
-	}
+	fd = sys_fd_keep(fd, 900);
 	pool = p;
 	pool->magic = SDP_POOL_MAGIC;
 	pool->version = SDP_POOL_VERSION;

@@ -110,6 +110,8 @@ struct sdp_listener {
 	/* SO_REUSEPORT groups (group.c) */
 	bool group;                    /* others may join this rendezvous */
 	bool want_withdraw;            /* withdraw it as soon as we have it */
+	bool lost;                     /* rv was closed under us (a raw close
+					* system call): no SDP offered any more */
 	int join;                      /* joining: our connection to the group's
 					* rendezvous awaiting the answer, or -1 */
 	int32_t join_pid;              /* the process that sent that request */
@@ -133,6 +135,7 @@ struct sdp_listener {
 #define RV_FDS_MAX 4               /* descriptors rv_send passes at most (a
 				    * join answer's; an offer has FAB_OFFER_FDS) */
 int  rv_key_of(const struct sockaddr *sa, socklen_t len, struct key *k);
+bool rv_intact(struct sdp_listener *l);   /* hello.c: rv still ours */
 socklen_t rv_name_of(struct sockaddr_un *un, uid_t uid, const struct key *k);
 int  rv_send(int s, const void *msg, size_t len, const int *fds, int nfds);
 void listener_free(struct sdp_listener *l);

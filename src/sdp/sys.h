@@ -11,19 +11,60 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <stdatomic.h>
+#include <stdbool.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-static inline int sys_close(int fd) { return (int)syscall(SYS_close, fd); }
+/*
+ * The descriptors the library holds for long (its listeners' rendezvous,
+ * group blocks and queues, wake-up fds, the pool...) are marked here, so
+ * that the application's own close(), close_range(), closefrom() and
+ * epoll_ctl() treat them as not open (switch/socket.c): a daemon that
+ * closes every descriptor it does not know, or a loop of close() over all
+ * numbers, must not take the library's from under it. Marked by
+ * sys_fd_keep, unmarked by sys_close. Numbers beyond the map are not
+ * marked (and so not protected).
+ */
+#define SYS_FDMAP_BITS (1u << 20)
+extern _Atomic unsigned long sys_fd_map[SYS_FDMAP_BITS / (8 * sizeof(unsigned long))];
+#define SYS_FDMAP_W(fd) ((unsigned)(fd) / (8 * sizeof(unsigned long)))
+#define SYS_FDMAP_B(fd) (1ul << ((unsigned)(fd) % (8 * sizeof(unsigned long))))
+
+static inline bool sys_fd_ours(int fd)
+{
+	return fd >= 0 && (unsigned)fd < SYS_FDMAP_BITS &&
+	       (atomic_load_explicit(&sys_fd_map[SYS_FDMAP_W(fd)], memory_order_relaxed) &
+		SYS_FDMAP_B(fd));
+}
+
+static inline void sys_fd_mark(int fd, bool ours)
+{
+	if (fd < 0 || (unsigned)fd >= SYS_FDMAP_BITS)
+		return;
+	if (ours)
+		atomic_fetch_or(&sys_fd_map[SYS_FDMAP_W(fd)], SYS_FDMAP_B(fd));
+	else if (atomic_load_explicit(&sys_fd_map[SYS_FDMAP_W(fd)], memory_order_relaxed) &
+		 SYS_FDMAP_B(fd))
+		atomic_fetch_and(&sys_fd_map[SYS_FDMAP_W(fd)], ~SYS_FDMAP_B(fd));
+}
+
+static inline int sys_close(int fd)
+{
+	sys_fd_mark(fd, false);
+	return (int)syscall(SYS_close, fd);
+}
 static inline int sys_open(const char *path, int flags) { return (int)syscall(SYS_openat, AT_FDCWD, path, flags, 0); }
 static inline int sys_open_mode(const char *path, int flags, mode_t mode) { return (int)syscall(SYS_openat, AT_FDCWD, path, flags, mode); }
 static inline ssize_t sys_read(int fd, void *b, size_t n) { return syscall(SYS_read, fd, b, n); }
 static inline ssize_t sys_write(int fd, const void *b, size_t n) { return syscall(SYS_write, fd, b, n); }
 static inline int sys_fcntl(int fd, int cmd, long arg) { return (int)syscall(SYS_fcntl, fd, cmd, arg); }
+static inline int sys_fstat(int fd, struct stat *st) { return (int)syscall(SYS_fstat, fd, st); }
 static inline int sys_socket(int d, int t, int p) { return (int)syscall(SYS_socket, d, t, p); }
 static inline int sys_bind(int fd, const void *a, socklen_t l) { return (int)syscall(SYS_bind, fd, a, l); }
 static inline int sys_shutdown(int fd, int how) { return (int)syscall(SYS_shutdown, fd, how); }
@@ -84,6 +125,36 @@ static inline int sys_fd_high(int fd)
 		return fd;
 	sys_close(fd);
 	return h;
+}
+
+/* A descriptor the library keeps for long: moved to min or above (-1: the
+ * upper half of RLIMIT_NOFILE, as sys_fd_high) and marked as the
+ * library's (sys_fd_ours). Where no number is free it keeps its own,
+ * marked all the same. fd < 0 is returned as it is. */
+static inline int sys_fd_keep(int fd, int min)
+{
+	if (fd < 0)
+		return fd;
+	if (min < 0) {
+		fd = sys_fd_high(fd);
+	} else if (fd < min) {
+		int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, min);
+		if (h >= 0) {
+			sys_close(fd);
+			fd = h;
+		}
+	}
+	sys_fd_mark(fd, true);
+	return fd;
+}
+
+/* Closes a descriptor sys_fd_keep made, unless the program has taken its
+ * number since (dup2 onto it: switch/ours.c): that file is the program's.
+ * Parts of the library that use a kept descriptor ask sys_fd_ours first,
+ * or check its identity (inode, name). */
+static inline int sys_close_kept(int fd)
+{
+	return sys_fd_ours(fd) ? sys_close(fd) : 0;
 }
 
 #endif

@@ -102,8 +102,8 @@ int sdp_wake_hold(int *fd, uint32_t *id)
 			if (slot[i].refs)
 				continue;
 			if (!slot[i].fd1) {
-				int e = sys_fd_high((int)syscall(SYS_eventfd2, 0,
-								 EFD_NONBLOCK | EFD_CLOEXEC));
+				int e = sys_fd_keep((int)syscall(SYS_eventfd2, 0,
+								 EFD_NONBLOCK | EFD_CLOEXEC), -1);
 				if (e < 0) {
 					int err = errno;
 					pthread_mutex_unlock(&mu);
@@ -176,7 +176,8 @@ bool sdp_wake_all(struct sdp_conn *c)
 	pthread_mutex_lock(&mu);
 	if (cur >= 0 && slot[cur].refs) {
 		uint64_t one = 1;
-		woke = sys_write(slot[cur].fd1 - 1, &one, sizeof one) == sizeof one;
+		woke = sys_fd_ours(slot[cur].fd1 - 1) &&
+		       sys_write(slot[cur].fd1 - 1, &one, sizeof one) == sizeof one;
 		cur = -1;                     /* retired: readable until read back */
 	}
 	pthread_mutex_unlock(&mu);
@@ -210,7 +211,7 @@ void sdp_wake_atfork_child(void)
 	pthread_mutex_init(&mu, NULL);
 	for (int i = 0; i < SDP_WAKE_SLOTS; i++) {
 		if (slot[i].fd1)
-			sys_close(slot[i].fd1 - 1);
+			sys_close_kept(slot[i].fd1 - 1);
 		slot[i].fd1 = 0;
 		slot[i].refs = 0;
 	}

@@ -792,6 +792,10 @@ void epoll_drop_pending(int fd)
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(fd), 0)) {
+		errno = EBADF;            /* the library's own (socket.c not_open) */
+		return -1;
+	}
 	struct sdp_conn *c = sdp_fd_conn(fd);
 	bool undecided = !c && op != EPOLL_CTL_DEL && fd_kind(fd) == FDK_INET;
 	struct ep_shadow *s = ep_shadow_of(epfd, c != NULL || undecided);

@@ -94,8 +94,11 @@ static uint32_t ent_events(struct ep_shadow *s, struct ep_ent *e, struct ep_cand
 		if ((ev & EPOLLOUT) && (ak != e->last_acked || !(e->last_ev & EPOLLOUT)))
 			out |= EPOLLOUT;
 		out |= ev & ~e->last_ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+		/* An edge reports every event ready now, as the kernel's
+		 * wake-up of an edge-triggered member does (new data on a
+		 * writable socket: EPOLLIN | EPOLLOUT). */
 		if (out)
-			out |= ev & (EPOLLRDHUP | EPOLLHUP | EPOLLERR);
+			out = ev;
 		if (out) {
 			k->arrived = a;
 			k->acked = ak;

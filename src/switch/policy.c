@@ -433,7 +433,7 @@ struct sdp_policy *sdp_policy_load(const char *path, sdp_policy_err_fn err,
 		ret = -errno;
 		goto out;
 	}
-	if (fstat(fd, &st) < 0) {
+	if (sys_fstat(fd, &st) < 0) {
 		ret = -errno;
 		goto out;
 	}

@@ -54,7 +54,7 @@ static void fd_opt_set(int fd, uint8_t bit, bool on)
 static void conn_adopt(int fd, struct sdp_conn *c, bool nonblock, uint8_t opts)
 {
 	struct stat st;
-	if (fstat(fd, &st) == 0)
+	if (sys_fstat(fd, &st) == 0)
 		c->tcp_ino = st.st_ino;
 	if (opts & OPT_UNKNOWN) {
 		int fl = sys_fcntl(fd, F_GETFL, 0);
@@ -532,6 +532,8 @@ EXPORT int socketpair(int domain, int type, int protocol, int sv[2])
 EXPORT int close(int fd)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(fd), 0))
+		return ours_not_open("close", fd);
 	struct fdent *e = fd_get(fd);
 	/* (the vfork check is a system call: only for a number we know) */
 	if (e && (atomic_load(&e->kind) != FDK_NONE || atomic_load(&e->deferred)) &&
@@ -557,7 +559,27 @@ EXPORT int close_range(unsigned first, unsigned last, int flags)
 				fd_forget((int)fd);
 		}
 	}
-	return real_close_range(first, last, flags);
+	if (first > last) {
+		errno = EINVAL;
+		return -1;
+	}
+	return ours_close_range_around(first, last, flags);
+}
+
+/* glibc's closefrom() calls close_range inside libc: ours is here. */
+EXPORT void closefrom(int lowfd)
+{
+	SDP_INIT();
+	unsigned lo = lowfd < 0 ? 0u : (unsigned)lowfd;
+	if (close_range(lo, ~0u, 0) == 0)
+		return;
+	/* A kernel without close_range: each number up to the limit. */
+	struct rlimit rl;
+	rlim_t n = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+		   rl.rlim_cur < (1u << 20) ? rl.rlim_cur : (1u << 20);
+	for (rlim_t fd = lo; fd < n; fd++)
+		if (!sys_fd_ours((int)fd))
+			close((int)fd);
 }
 
 /* In a vfork child our fd table is the parent's: only make sure an SDP
@@ -576,6 +598,8 @@ static bool vfork_dup(int o)
 EXPORT int dup(int fd)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(fd), 0))
+		return ours_not_open("dup", fd);
 	if (vfork_dup(fd))
 		return real_dup(fd);
 	int n = real_dup(fd);
@@ -594,6 +618,9 @@ static int dup_common(int o, int n, int r)
 EXPORT int dup2(int o, int n)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(o) || (o != n && sys_fd_ours(n)), 0) &&
+	    !sdp_in_vfork_child() && ours_dup_onto(o, n) < 0)
+		return -1;
 	if (vfork_dup(o))
 		return real_dup2(o, n);
 	if (o != n)
@@ -606,6 +633,9 @@ EXPORT int dup2(int o, int n)
 EXPORT int dup3(int o, int n, int flags)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(o) || (o != n && sys_fd_ours(n)), 0) &&
+	    !sdp_in_vfork_child() && ours_dup_onto(o, n) < 0)
+		return -1;
 	if (vfork_dup(o))
 		return real_dup3(o, n, flags);
 	if (o != n)
@@ -638,6 +668,8 @@ static int fcntl_common(int (*fn)(int, int, ...), int fd, int cmd, va_list ap)
 EXPORT int fcntl(int fd, int cmd, ...)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(fd), 0))
+		return ours_not_open("fcntl", fd);
 	va_list ap;
 	va_start(ap, cmd);
 	int r = fcntl_common(real_fcntl, fd, cmd, ap);
@@ -648,6 +680,8 @@ EXPORT int fcntl(int fd, int cmd, ...)
 EXPORT int fcntl64(int fd, int cmd, ...)
 {
 	SDP_INIT();
+	if (__builtin_expect(sys_fd_ours(fd), 0))
+		return ours_not_open("fcntl", fd);
 	va_list ap;
 	va_start(ap, cmd);
 	int r = fcntl_common(real_fcntl64 ? real_fcntl64 : real_fcntl, fd, cmd, ap);

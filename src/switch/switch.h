@@ -137,6 +137,12 @@ void conn_hold(struct sdp_conn *c);
 /* azsw.c: Asynchronous Zero Copy's view of signals and memory calls */
 void sdp_az_switch_init(void);
 
+/* ours.c: the library's own descriptors (sys.h sys_fd_ours) are not
+ * open to the application */
+int  ours_not_open(const char *call, int fd);           /* -1, EBADF */
+int  ours_dup_onto(int o, int n);                       /* 0: go ahead; -1, EBADF */
+int  ours_close_range_around(unsigned first, unsigned last, int flags);
+
 /* config.c */
 void sdp_init(void);
 extern int sdp_inited;

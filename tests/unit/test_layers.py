@@ -16,7 +16,8 @@ INTERPOSED = ("read", "write", "close", "open", "fcntl", "fcntl64", "ioctl", "so
               "setsockopt", "getsockopt", "send", "recv", "sendto", "recvfrom", "sendmsg",
               "recvmsg", "readv", "writev", "poll", "ppoll", "select", "pselect",
               "epoll_wait", "epoll_ctl", "epoll_create", "epoll_create1", "fork",
-              "close_range", "sendfile")
+              "close_range", "closefrom", "sendfile", "fstat", "fstat64", "fstatat",
+              "fstatat64")
 CALL = re.compile(r"(?<![\w.>])(%s)\s*\(" % "|".join(INTERPOSED))
 
 
