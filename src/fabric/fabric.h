@@ -260,7 +260,11 @@ struct fab_ops {
 	 * exists. */
 	void     (*init)(const struct fab_params *p);
 	/* Can this provider carry a connection to the peer at this address
-	 * (shm: an address of this host)? Any thread; may make system calls. */
+	 * (shm: an address of this host)? Any thread; may make system calls.
+	 * A provider with FAB_T_REMOTE may answer "maybe" cheaply before its
+	 * library is loaded (ofi: a peer on one of our interfaces' networks):
+	 * reaches(NULL, 0) loads it (and says whether a fabric is there), and
+	 * the same question asked after that is final. */
 	bool     (*reaches)(const struct sockaddr *peer, socklen_t len);
 	/* Can it carry connections of this geometry at all (shm: the memory
 	 * a peer would have to map)? Start-up refuses settings none fits. */

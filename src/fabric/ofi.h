@@ -367,6 +367,7 @@ struct ofi_conn {
 /* ---- ofi_lib.c ------------------------------------------------------------- */
 bool ofi_load(void);                         /* once: dlopen and a provider */
 struct ofi_dom *ofi_dom_for(const struct sockaddr *local, socklen_t len);
+bool ofi_on_local_net(const struct sockaddr *peer, socklen_t len);  /* before loading */
 bool ofi_in_nets(const struct sockaddr *peer, socklen_t len);
 uint64_t ofi_now_ns(void);
 void ofi_conn_add(struct ofi_conn *oc);

@@ -82,7 +82,13 @@ static bool ofi_reaches_in(const struct sockaddr *peer, socklen_t len)
 	 * errno set: the application's errno is not ours to change. */
 	int saved = errno;
 	pthread_mutex_lock(&ofi_p.lock);
-	bool ok = ofi_load() && (!peer || ofi_in_nets(peer, len));
+	/* Before libfabric is loaded, a peer is "maybe" if it is on one of
+	 * our interfaces' networks (ofi_on_local_net): the client loads it
+	 * only once the peer's network rendezvous answered (hello_net.c), so
+	 * a connect to a host without the library, or behind a router, does
+	 * not wait for libfabric's start-up. */
+	bool ok = peer && !ofi_p.tried ? ofi_on_local_net(peer, len) :
+		  ofi_load() && (!peer || ofi_in_nets(peer, len));
 	pthread_mutex_unlock(&ofi_p.lock);
 	errno = saved;
 	return ok;

@@ -28,6 +28,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <time.h>
 #include <sys/epoll.h>
 #include <sys/syscall.h>
@@ -210,6 +212,43 @@ static int addr_bytes(const struct sockaddr *sa, socklen_t len, uint8_t a[16])
 		return AF_INET6;
 	}
 	return 0;
+}
+
+/*
+ * Is peer on a network one of this host's interfaces (up, not loopback)
+ * is directly on? A fabric's networks are its interfaces' (ofi_in_nets
+ * compares with them), so a peer elsewhere - behind a router, on the
+ * internet - is TCP's without asking libfabric, whose loading runs every
+ * provider's start-up: about 0.3 s of CPU in each process, which a plain
+ * TCP connect to a remote host would otherwise wait for. When the
+ * interfaces cannot be listed: true (libfabric decides).
+ */
+bool ofi_on_local_net(const struct sockaddr *peer, socklen_t len)
+{
+	uint8_t a[16];
+	int fam = addr_bytes(peer, len, a);
+	if (!fam)
+		return false;
+	struct ifaddrs *ifs;
+	if (getifaddrs(&ifs) < 0)
+		return true;
+	bool on = false;
+	for (struct ifaddrs *i = ifs; i && !on; i = i->ifa_next) {
+		uint8_t ia[16], im[16];
+		if (!i->ifa_addr || !i->ifa_netmask || !(i->ifa_flags & IFF_UP) ||
+		    (i->ifa_flags & IFF_LOOPBACK))
+			continue;
+		socklen_t sl = i->ifa_addr->sa_family == AF_INET6 ? sizeof(struct sockaddr_in6) :
+								   sizeof(struct sockaddr_in);
+		if (addr_bytes(i->ifa_addr, sl, ia) != fam ||
+		    addr_bytes(i->ifa_netmask, sl, im) != fam)
+			continue;
+		on = true;
+		for (int b = 0; b < (fam == AF_INET ? 4 : 16) && on; b++)
+			on = ((a[b] ^ ia[b]) & im[b]) == 0;
+	}
+	freeifaddrs(ifs);
+	return on;
 }
 
 bool ofi_in_nets(const struct sockaddr *peer, socklen_t len)

@@ -317,6 +317,13 @@ struct sdp_conn *sdp_net_connect(int fd, const struct sockaddr *dst, socklen_t l
 		neg_add(da, dport);
 		return NULL;
 	}
+	/* The server runs the library: now the provider's library (loaded
+	 * once per process; its "maybe" before becomes final). */
+	if (!ops->reaches(NULL, 0) || !ops->reaches(dst, len)) {
+		sdp_why("no fabric of this host reaches the destination");
+		sys_close(s);
+		return NULL;
+	}
 	const char *why = "cannot name the local address";
 	struct sdp_conn *c = NULL;
 	union sdp_addr la;

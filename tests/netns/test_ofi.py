@@ -321,6 +321,49 @@ def test_one_end_without_the_library(hosts, who):
     print(out.splitlines()[0])
 
 
+PROBE = r"""
+import socket, sys
+dst, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket()
+s.settimeout(10)
+try:
+    s.connect((dst, port))
+    s.sendall(b"hello")
+    print("connected")
+except OSError as e:
+    print("error", e.errno)
+print("libfabric", "libfabric" in open("/proc/self/maps").read())
+"""
+
+
+def test_tcp_peers_do_not_load_libfabric(hosts):
+    """A connect to a host behind a router, or to a server of our network
+    without the library, stays TCP without loading libfabric (whose
+    start-up costs each process about 0.3 s): the client loads it only
+    once a network rendezvous answered."""
+    # behind a router: a default route through the other namespace
+    r = _run(["ip", "-n", hosts.b, "route", "add", "default", "via", SRV4])
+    assert r.returncode == 0, r.stderr
+    try:
+        cli = Bg(hosts.cmd(hosts.b, [sys.executable, "-c", PROBE, "198.51.100.7", 9]),
+                 _env(SDP_LOG=2))
+        rc, out, err = cli.finish()
+        assert "libfabric False" in out, out + err[-2000:]
+        assert "SDP over" not in err, err[-2000:]
+    finally:
+        _run(["ip", "-n", hosts.b, "route", "del", "default"])
+    # on our network, a server without the library
+    p = port()
+    srv = Bg(hosts.cmd(hosts.a, [sys.executable, PEER, "server", SRV4, p, "sink"], sdp=False),
+             _env())
+    srv.wait_line("listening")
+    cli = Bg(hosts.cmd(hosts.b, [sys.executable, "-c", PROBE, SRV4, p]), _env(SDP_LOG=2))
+    rc, out, err = cli.finish()
+    assert rc == 0 and "connected" in out and "libfabric False" in out, out + err[-2000:]
+    assert "TCP (no network rendezvous" in err, err[-2000:]
+    srv.finish(timeout=10, fail=False)
+
+
 # ---- failures -------------------------------------------------------------------------
 
 def _blocked_pair(hosts, server_mode, client_mode, env_extra=None):
