@@ -24,8 +24,8 @@
 /*
  * The descriptors the library holds for long (its listeners' rendezvous,
  * group blocks and queues, wake-up fds, the pool...) are marked here, so
- * that the application's own close(), close_range(), closefrom() and
- * epoll_ctl() treat them as not open (switch/socket.c): a daemon that
+ * that the application's own close, close_range, closefrom, dup, fcntl,
+ * fstat and epoll_ctl treat them as not open (switch/ours.c): a daemon that
  * closes every descriptor it does not know, or a loop of close() over all
  * numbers, must not take the library's from under it. Marked by
  * sys_fd_keep, unmarked by sys_close. Numbers beyond the map are not
@@ -113,18 +113,22 @@ static inline int sys_fd_base(void)
 	return rl.rlim_cur / 2 > SYS_FD_HIGH_MIN ? (int)(rl.rlim_cur / 2) : SYS_FD_HIGH_MIN;
 }
 
-static inline int sys_fd_high(int fd)
+/* fd moved to min or above (close-on-exec), or left where it is when it
+ * is there already or no number is free. */
+static inline int sys_fd_move(int fd, int min)
 {
-	if (fd < 0)
+	if (fd < 0 || fd >= min)
 		return fd;
-	int base = sys_fd_base();
-	if (fd >= base)
-		return fd;
-	int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, base);
+	int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, min);
 	if (h < 0)
 		return fd;
 	sys_close(fd);
 	return h;
+}
+
+static inline int sys_fd_high(int fd)
+{
+	return fd < 0 ? fd : sys_fd_move(fd, sys_fd_base());
 }
 
 /* A descriptor the library keeps for long: moved to min or above (-1: the
@@ -135,15 +139,7 @@ static inline int sys_fd_keep(int fd, int min)
 {
 	if (fd < 0)
 		return fd;
-	if (min < 0) {
-		fd = sys_fd_high(fd);
-	} else if (fd < min) {
-		int h = sys_fcntl(fd, F_DUPFD_CLOEXEC, min);
-		if (h >= 0) {
-			sys_close(fd);
-			fd = h;
-		}
-	}
+	fd = sys_fd_move(fd, min < 0 ? sys_fd_base() : min);
 	sys_fd_mark(fd, true);
 	return fd;
 }
