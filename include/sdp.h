@@ -93,6 +93,10 @@ struct sdp_sock_stats {
 	 * the other processes of a shared listener. Connecting side: 0. */
 	uint32_t accept_hellos_read;
 	uint32_t accept_hellos_back;
+	/* of tx_bcopy_bytes, those written into the peer's buffer with
+	 * streaming stores (SDP_COPY_STREAM: when plain stores are slow
+	 * because the peer reads behind another cache) */
+	uint64_t tx_stream_bytes;
 };
 
 #endif /* SDP_H */

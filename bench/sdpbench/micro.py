@@ -91,6 +91,11 @@ def sample_from_perf(cfg, cj: dict | None, sj: dict | None, err: str | None,
         zc = st.get("tx_rzcopy_bytes", 0) + st.get("tx_wzcopy_bytes", 0) + az
         if tx:
             extra["zcopy_fraction"] = zc / tx
+        bc = st.get("tx_bcopy_bytes", 0)
+        if bc and "tx_stream_bytes" in st:
+            # Buffer Copy bytes the sender wrote with streaming stores
+            # (SDP_COPY_STREAM: plain stores ran slow between the CPUs)
+            extra["stream_fraction"] = st["tx_stream_bytes"] / bc
             if az:
                 # Asynchronous Zero Copy: its share, and the sender's
                 # faults on pages in flight / advertisements copied aside

@@ -126,6 +126,9 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
     azc = any(r.get("extra", {}).get("azcopy_fraction") for r in avail)
     if azc:
         head.append("asynchronous share (sender faults, copies aside)")
+    stc = any("stream_fraction" in r.get("extra", {}) for r in avail)
+    if stc:
+        head.append("streaming-store share")
     head.append("valid")
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in avail:
@@ -156,6 +159,10 @@ def _exp_table(exp: Experiment, rows: list[dict], all_rows: list[dict]) -> list[
             a = ex.get("azcopy_fraction")
             cells.append(f"{a['median'] * 100:.0f} % ({_fmt((ex.get('az_faults') or {}).get('median'))}, "
                          f"{_fmt((ex.get('az_cow_copies') or {}).get('median'))})" if a else "–")
+        if stc:
+            sf = r.get("extra", {}).get("stream_fraction")
+            cells.append(f"{sf['median'] * 100:.0f} % [{sf['min'] * 100:.0f}–{sf['max'] * 100:.0f}]"
+                         if sf else "–")
         if r["valid"]:
             cells.append("yes")
         else:
@@ -223,6 +230,17 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
               f"zero-copy threshold {zc.get('threshold')} bytes; page-aliased zero copy "
               f"{zc.get('page_aliased')} (CMA 64 KiB {zc.get('cma_gbps_same_offset')} GB/s at "
               f"the same page offset, {zc.get('cma_gbps_shifted')} shifted)."]
+        sm = cp.get("stream") or {}
+        if sm:
+            txt = (f"Streaming stores into shared memory (`SDP_COPY_STREAM`): **{sm.get('mode')}**, "
+                   f"for copies of {sm.get('min_bytes')} bytes and more")
+            if sm.get("plain_gbps") is not None:
+                txt += (f"; at the start of this run, 16 KiB messages from CPU {sm['cpus'][0]} to "
+                        f"CPU {sm['cpus'][1]} moved at {sm['plain_gbps']:.1f} GB/s with plain "
+                        f"stores and {sm['stream_gbps']:.1f} GB/s with streaming stores "
+                        "(on a VM this changes whenever the host moves the vCPUs; the library "
+                        "learns it per thread while it runs: the streaming-store share column)")
+            L += ["", txt + "."]
         at = h.get("az_threshold")
         if at:
             L += ["", _az_threshold_line(at)]

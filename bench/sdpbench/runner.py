@@ -70,7 +70,7 @@ def aggregate(exp: Experiment, cfg, p: dict, samples: list[Sample]) -> dict:
     zf = summarize([s.extra.get("zcopy_fraction") for s in good])
     if zf:
         extra["zcopy_fraction"] = zf
-    for k in ("in_flight", "azcopy_fraction", "az_faults", "az_cow_copies") + \
+    for k in ("in_flight", "azcopy_fraction", "az_faults", "az_cow_copies", "stream_fraction") + \
             tuple(getattr(exp, "extra_stats", ())):
         st = summarize([s.extra.get(k) for s in good])
         if st:
@@ -78,7 +78,7 @@ def aggregate(exp: Experiment, cfg, p: dict, samples: list[Sample]) -> dict:
     for s in good:
         for k, v in s.extra.items():
             if k not in ("zcopy_fraction", "in_flight", "azcopy_fraction", "az_faults",
-                         "az_cow_copies") and not k.startswith("sdp_stats"):
+                         "az_cow_copies", "stream_fraction") and not k.startswith("sdp_stats"):
                 extra.setdefault(k, v)
     return {"experiment": exp.name, "config": cfg.name, "params": p, "available": True,
             "valid": valid, "reason": reason,

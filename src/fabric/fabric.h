@@ -229,6 +229,10 @@ enum {
 	/* Reaches other hosts: the hello travels through the network
 	 * rendezvous (sdp/hello_net.c), not the host's AF_UNIX one. */
 	FAB_T_REMOTE  = 1u << 3,
+	/* The peer's CPU reads our send buffers where we write them (shared
+	 * memory): large copies into them may use streaming stores
+	 * (sdp_copy_shared in sdp/copy.h). */
+	FAB_T_PEER_READS = 1u << 4,
 };
 
 /* Does a network fabric (FAB_T_REMOTE) carry this endpoint? (statistics) */

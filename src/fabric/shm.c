@@ -1032,6 +1032,7 @@ static uint64_t shm_mr_key(struct fab_ep *ep, const void *addr, size_t len)
 const struct fab_ops fab_shm_ops = {
 	.name        = "shm",
 	.id          = FAB_ID_SHM,
+	.traits      = FAB_T_PEER_READS,
 	/* choice and set-up (shm_region.c) */
 	.init        = shm_init,
 	.reaches     = shm_reaches,

@@ -7,9 +7,17 @@
  * they never touch a byte outside [dst, dst + n). Below 256 bytes every
  * routine hands over to libc's memcpy, which is best for small sizes
  * everywhere. Which routine is used is decided in calib.c.
+ *
+ * Copies into a buffer that the peer's CPU reads in place (the shm ring:
+ * sdp_copy_shared) may instead use streaming stores, which write to
+ * memory without first taking the line from whichever cache holds it.
+ * Whether they pay depends on where the reader runs, which changes while
+ * a process runs (a VM's vCPUs move between the host's cores and caches),
+ * so each thread learns it from a sample of its own copies (below).
  */
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "sdp/copy.h"
 
@@ -155,6 +163,80 @@ static void copy_avx512(void *dst, const void *src, size_t n)
 	_mm256_zeroupper();
 }
 
+/* Streaming (non-temporal) stores, aligned on the destination; the first
+ * and last vectors are plain stores of the same bytes. The fence makes
+ * the bytes visible before the caller publishes them (a release store of
+ * the ring's index does not order streaming stores). */
+static void stream_sse2(void *dst, const void *src, size_t n)
+{
+	char *d = dst;
+	const char *s = src;
+	__m128i first = _mm_loadu_si128((const __m128i *)s);
+	__m128i last = _mm_loadu_si128((const __m128i *)(s + n - 16));
+	size_t head = 16 - ((uintptr_t)d & 15);
+	d += head;
+	s += head;
+	n -= head;
+	while (n >= 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)s);
+		__m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+		__m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+		_mm_stream_si128((__m128i *)d, a);
+		_mm_stream_si128((__m128i *)(d + 16), b);
+		_mm_stream_si128((__m128i *)(d + 32), c);
+		_mm_stream_si128((__m128i *)(d + 48), e);
+		d += 64;
+		s += 64;
+		n -= 64;
+	}
+	while (n >= 16) {
+		_mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+		d += 16;
+		s += 16;
+		n -= 16;
+	}
+	_mm_sfence();
+	_mm_storeu_si128((__m128i *)(d + n - 16), last);
+	_mm_storeu_si128((__m128i *)dst, first);
+}
+
+__attribute__((target("avx2")))
+static void stream_avx2(void *dst, const void *src, size_t n)
+{
+	char *d = dst;
+	const char *s = src;
+	__m256i first = _mm256_loadu_si256((const __m256i *)s);
+	__m256i last = _mm256_loadu_si256((const __m256i *)(s + n - 32));
+	size_t head = 32 - ((uintptr_t)d & 31);
+	d += head;
+	s += head;
+	n -= head;
+	while (n >= 128) {
+		__m256i a = _mm256_loadu_si256((const __m256i *)s);
+		__m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
+		__m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
+		__m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
+		_mm256_stream_si256((__m256i *)d, a);
+		_mm256_stream_si256((__m256i *)(d + 32), b);
+		_mm256_stream_si256((__m256i *)(d + 64), c);
+		_mm256_stream_si256((__m256i *)(d + 96), e);
+		d += 128;
+		s += 128;
+		n -= 128;
+	}
+	while (n >= 32) {
+		_mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+		d += 32;
+		s += 32;
+		n -= 32;
+	}
+	_mm_sfence();
+	_mm256_storeu_si256((__m256i *)(d + n - 32), last);
+	_mm256_storeu_si256((__m256i *)dst, first);
+	_mm256_zeroupper();
+}
+
 static bool has_avx2(void) { return __builtin_cpu_supports("avx2"); }
 static bool has_avx512(void) { return __builtin_cpu_supports("avx512f"); }
 static bool has_erms(void)
@@ -172,11 +254,21 @@ static const struct sdp_copy_impl impls[] = {
 	{ "movsb",  copy_movsb,  has_erms },
 };
 
+static sdp_copy_fn stream_fn(void)
+{
+	return has_avx2() ? stream_avx2 : stream_sse2;
+}
+
 #else
 
 static const struct sdp_copy_impl impls[] = {
 	{ "libc", copy_libc, always },
 };
+
+static sdp_copy_fn stream_fn(void)
+{
+	return NULL;
+}
 
 #endif
 
@@ -209,4 +301,98 @@ bool sdp_copy_use(const char *name)
 const char *sdp_copy_name(void)
 {
 	return cur_name;
+}
+
+/* ---- copies the peer's CPU reads in place -------------------------------- */
+
+int sdp_copy_stream_mode;                    /* SDP_COPY_STREAM: 0 auto, 1 on, 2 off */
+static double stream_ref = SDP_STREAM_REF_GBPS;
+
+bool sdp_copy_stream_set(const char *name)
+{
+	if (!strcmp(name, "on"))
+		sdp_copy_stream_mode = 1;
+	else if (!strcmp(name, "off"))
+		sdp_copy_stream_mode = 2;
+	else
+		return false;
+	return true;
+}
+
+void sdp_copy_stream_ref(double gbps)
+{
+	if (gbps > 0)
+		stream_ref = gbps;
+}
+
+enum sdp_stream_act sdp_stream_next(struct sdp_stream_pick *p)
+{
+	if (p->gbps <= 0 || ++p->n >= (p->on ? SDP_STREAM_PROBE_ON : SDP_STREAM_PROBE_OFF)) {
+		p->n = 0;
+		return SDP_ST_TIMED;
+	}
+	return p->on ? SDP_ST_STREAM : SDP_ST_PLAIN;
+}
+
+void sdp_stream_learn(struct sdp_stream_pick *p, size_t bytes, uint64_t ns, double ref)
+{
+	if (ns > 1000000)                  /* preempted or faulting: says nothing */
+		return;
+	double g = (double)bytes / (double)(ns ? ns : 1);   /* bytes/ns = GB/s */
+	p->gbps = p->gbps <= 0 ? g : p->gbps + (g - p->gbps) / 4;
+	if (!p->on && p->gbps < ref * SDP_STREAM_SLOW)
+		p->on = true;
+	else if (p->on && p->gbps > ref * SDP_STREAM_FAST)
+		p->on = false;
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static _Thread_local struct sdp_stream_pick pick;
+
+bool sdp_copy_shared(void *dst, const void *src, size_t n)
+{
+	sdp_copy_fn st = stream_fn();
+	if (n < SDP_STREAM_MIN || !st || sdp_copy_stream_mode == 2) {
+		sdp_copy_cur(dst, src, n);
+		return false;
+	}
+	if (sdp_copy_stream_mode == 1) {
+		st(dst, src, n);
+		return true;
+	}
+	switch (sdp_stream_next(&pick)) {
+	case SDP_ST_STREAM:
+		st(dst, src, n);
+		return true;
+	case SDP_ST_TIMED: {
+		uint64_t t0 = now_ns();
+		sdp_copy_cur(dst, src, n);
+		sdp_stream_learn(&pick, n, now_ns() - t0, stream_ref);
+		return false;
+	}
+	case SDP_ST_PLAIN:
+		break;
+	}
+	sdp_copy_cur(dst, src, n);
+	return false;
+}
+
+void sdp_copy_stream_state(struct sdp_stream_pick *out)
+{
+	*out = pick;
+}
+
+void sdp_copy_streaming(void *dst, const void *src, size_t n)
+{
+	sdp_copy_fn st = stream_fn();
+	if (n < 64 || !st)
+		memcpy(dst, src, n);
+	else
+		st(dst, src, n);
 }

@@ -9,6 +9,7 @@
 #ifndef SDP_IOV_H
 #define SDP_IOV_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <sys/uio.h>
 
@@ -22,11 +23,14 @@ static inline size_t iov_total(const struct iovec *iov, int n)
 	return t;
 }
 
-/* Copy len bytes starting at stream offset off of the iovec into dst. */
-static inline void iov_gather(void *dst, const struct iovec *iov, int n, size_t off,
-			      size_t len)
+/* Copy len bytes starting at stream offset off of the iovec into dst;
+ * shared: dst is a buffer the peer reads in place (sdp_copy_shared).
+ * Returns the bytes written with streaming stores. */
+static inline size_t iov_gather(void *dst, const struct iovec *iov, int n, size_t off,
+				size_t len, bool shared)
 {
 	char *d = dst;
+	size_t streamed = 0;
 	for (int i = 0; i < n && len; i++) {
 		if (off >= iov[i].iov_len) {
 			off -= iov[i].iov_len;
@@ -35,11 +39,15 @@ static inline void iov_gather(void *dst, const struct iovec *iov, int n, size_t 
 		size_t k = iov[i].iov_len - off;
 		if (k > len)
 			k = len;
-		sdp_copy(d, (char *)iov[i].iov_base + off, k);
+		if (!shared)
+			sdp_copy(d, (char *)iov[i].iov_base + off, k);
+		else if (sdp_copy_shared(d, (char *)iov[i].iov_base + off, k))
+			streamed += k;
 		d += k;
 		len -= k;
 		off = 0;
 	}
+	return streamed;
 }
 
 /* Copy len bytes from src into the iovec at stream offset off. */

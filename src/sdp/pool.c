@@ -221,6 +221,9 @@ static void resolve_auto(void)
 		sdp_tun.zcopy_thresh = cal.zcopy_thresh;
 	if (sdp_tun.copy_auto)
 		sdp_copy_use(cal.copy);
+	for (int i = 0; i < cal.ncopy; i++)
+		if (!strcmp(cal.copy_speed[i].name, sdp_copy_name()))
+			sdp_copy_stream_ref(cal.copy_speed[i].gbps);
 	sdp_tun.cma_alias = cal.cma_alias;
 	sdp_log(cal.cached ? 2 : 1, "host calibration (%s%s): copy routine %s, zero-copy "
 		"threshold %u%s, page-aliased zero copy %s", cal.cached ? "cached in " :

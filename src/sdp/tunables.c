@@ -81,6 +81,12 @@ static bool copy_check(const char *name)
 	return sdp_copy_use(name);
 }
 
+/* SDP_COPY_STREAM: streaming stores into the peer's buffers. */
+static bool copy_stream_check(const char *name)
+{
+	return sdp_copy_stream_set(name);
+}
+
 const struct sdp_tunable sdp_tunables[] = {
 	{ .env = "SDP_SPIN_US", .set = "spin_us", .kind = SDP_TK_NUM, .def = "40",
 	  .lo = 0, .hi = 1000000, .unit = "us", .var = &sdp_tun.spin_us,
@@ -95,6 +101,12 @@ const struct sdp_tunable sdp_tunables[] = {
 	  .is_auto = &sdp_tun.copy_auto, .check = copy_check,
 	  .help = "routine that copies stream bytes, auto = the fastest measured "
 		  "on this host" },
+	{ .env = "SDP_COPY_STREAM", .set = "copy_stream", .kind = SDP_TK_NAME,
+	  .def = "auto", .unit = "name", .choices = "on, off",
+	  .is_auto = &sdp_tun.copy_stream_auto, .check = copy_stream_check,
+	  .help = "streaming stores for copies of 4 KiB and more into shared "
+		  "memory, auto = while plain stores run slow (the peer reads "
+		  "behind another cache; learned per thread)" },
 	{ .env = "SDP_ZCOPY_CHUNK", .set = "zcopy_chunk", .kind = SDP_TK_NUM,
 	  .def = "1048576", .lo = 4096, .hi = 1u << 30, .unit = "bytes",
 	  .var = &sdp_tun.zcopy_chunk,
@@ -327,6 +339,8 @@ void sdp_tunables_load(sdp_tun_lookup lookup, void *arg, sdp_tun_report report,
 	}
 	sdp_tun.geometry_given = geometry_given;
 	sdp_tun.calib_pending = sdp_tun.zcopy_auto || sdp_tun.copy_auto;
+	if (sdp_tun.copy_stream_auto)
+		sdp_copy_stream_mode = 0;
 	if (sdp_tun.az_fault_auto)
 		sdp_tun.az_fault = 0;
 	if (sdp_tun.az_protect_auto)

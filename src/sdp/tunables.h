@@ -26,6 +26,7 @@ struct sdp_tunables {
 	uint32_t zcopy_tail;           /* bytes of a large send sent by BCopy */
 	uint32_t zcopy_auto;           /* 1: zcopy_thresh still to be measured */
 	uint32_t copy_auto;            /* 1: the copy routine still to be chosen */
+	uint32_t copy_stream_auto;     /* 1: streaming stores learned (copy.h) */
 	uint32_t calib_pending;        /* zcopy_auto || copy_auto, until resolved */
 	uint32_t cma_alias;            /* 1: bounce CMA between page-aliased buffers */
 	uint32_t nslots;               /* receive buffers per direction */

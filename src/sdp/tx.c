@@ -149,7 +149,8 @@ static int post(struct sdp_conn *c, int fd, uint8_t mid, const struct iovec *iov
 		.mseq_ack = (uint32_t)ep->ops->rx_seq(ep),
 	};
 	if (len)
-		iov_gather(buf + sizeof h, iov, iovcnt, off, len);
+		c->st.tx_stream_bytes += iov_gather(buf + sizeof h, iov, iovcnt, off, len,
+						    ep->ops->traits & FAB_T_PEER_READS);
 	memcpy(buf, &h, sizeof h);
 	ep->ops->post(ep, sizeof h + len);
 	c->st.tx_msgs++;

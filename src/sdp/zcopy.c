@@ -164,7 +164,7 @@ ssize_t zc_rdma(struct sdp_conn *c, bool write, const struct iovec *local, int n
 		size_t k = n - done < BOUNCE_CHUNK ? n - done : BOUNCE_CHUNK;
 		struct iovec bv = { b, k };
 		if (write) {
-			iov_gather(b, local, nlocal, done, k);
+			iov_gather(b, local, nlocal, done, k, false);
 			r = ep->ops->rdma_write(ep, &bv, 1, raddr + done, k, key);
 		} else {
 			r = ep->ops->rdma_read(ep, &bv, 1, raddr + done, k, key);

@@ -29,6 +29,7 @@
 #include "sdp/az.h"
 #include "sdp/pool.h"
 #include "sdp/calib.h"
+#include "sdp/copy.h"
 #include "fabric/fabric.h"
 #include "sdp/tunables.h"
 #include "switch/policy.h"
@@ -237,6 +238,12 @@ static void host_report(bool json, bool force, int az_mech)
 	}
 	const char *model = strchr(cal.host, '|');
 	model = model ? model + 1 : "?";
+	struct sdp_cross_copy xc;
+	sdp_copy_use(routine);
+	bool have_xc = sdp_cross_copy(&xc) == 0;
+	const char *smode = getenv("SDP_COPY_STREAM");
+	if (!smode || (strcmp(smode, "on") && strcmp(smode, "off")))
+		smode = "auto";
 	if (json) {
 		printf("\"host\": {\"cpu\": \"%s\", \"kernel\": \"%.*s\", "
 		       "\"copy\": {\"routine\": \"%s\", \"source\": \"%s\", \"gbps\": {",
@@ -244,6 +251,11 @@ static void host_report(bool json, bool force, int az_mech)
 		for (int i = 0; i < cal.ncopy; i++)
 			printf("%s\"%s\": %.2f", i ? ", " : "", cal.copy_speed[i].name,
 			       cal.copy_speed[i].gbps);
+		printf("}, \"stream\": {\"mode\": \"%s\", \"min_bytes\": %d", smode,
+		       SDP_STREAM_MIN);
+		if (have_xc)
+			printf(", \"cpus\": [%d, %d], \"plain_gbps\": %.2f, \"stream_gbps\": %.2f",
+			       xc.cpu_a, xc.cpu_b, xc.plain_gbps, xc.stream_gbps);
 		printf("}}, \"zcopy\": {\"cma\": %s, \"threshold\": %u, \"page_aliased\": \"%s\", "
 		       "\"cma_gbps_same_offset\": %.2f, \"cma_gbps_shifted\": %.2f}, ",
 		       cal.cma_ok ? "true" : "false", cal.zcopy_thresh,
@@ -278,6 +290,14 @@ static void host_report(bool json, bool force, int az_mech)
 	for (int i = 0; i < cal.ncopy; i++)
 		printf(" %s %.1f", cal.copy_speed[i].name, cal.copy_speed[i].gbps);
 	printf(" GB/s through a ring)\n");
+	printf("%-20s %s (copies of %d bytes and more into shared memory", "copy_stream", smode,
+	       SDP_STREAM_MIN);
+	if (have_xc)
+		printf("; now, CPU %d to CPU %d: plain stores %.1f GB/s, streaming %.1f GB/s%s",
+		       xc.cpu_a, xc.cpu_b, xc.plain_gbps, xc.stream_gbps,
+		       !strcmp(smode, "auto") ? (xc.stream_gbps > xc.plain_gbps ?
+						 ": streaming pays" : ": plain pays") : "");
+	printf(")\n");
 	printf("%-20s %u bytes%s; page-aliased transfers %s (CMA 64 KiB: %.1f GB/s same "
 	       "offset, %.1f shifted)\n", "zcopy_threshold", cal.zcopy_thresh,
 	       cal.zcopy_thresh ? "" : " (never)", cal.cma_alias ? "bounced" : "direct",

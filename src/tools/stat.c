@@ -505,6 +505,7 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       "\"tx_bytes\": %llu, \"rx_bytes\": %llu, "
 		       "\"tx_msgs\": %llu, \"rx_msgs\": %llu, "
 		       "\"tx_bcopy_bytes\": %llu, \"rx_bcopy_bytes\": %llu, "
+		       "\"tx_stream_bytes\": %llu, "
 		       "\"tx_rzcopy_bytes\": %llu, \"rx_rzcopy_bytes\": %llu, "
 		       "\"tx_wzcopy_bytes\": %llu, \"rx_wzcopy_bytes\": %llu, "
 		       "\"mr_cache_hits\": %llu, \"mr_cache_misses\": %llu, "
@@ -529,6 +530,7 @@ static void print_conn(const struct sdp_conn *c, uint32_t st, int pid, int fd,
 		       (unsigned long long)c->st.rx_msgs,
 		       (unsigned long long)c->st.tx_bcopy_bytes,
 		       (unsigned long long)c->st.rx_bcopy_bytes,
+		       (unsigned long long)c->st.tx_stream_bytes,
 		       (unsigned long long)c->st.tx_rzcopy_bytes,
 		       (unsigned long long)c->st.rx_rzcopy_bytes,
 		       (unsigned long long)c->st.tx_wzcopy_bytes,

@@ -44,6 +44,8 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
                                "SDP_TEST_QUEUE_DELAY_US": "20000"},
             # the rings carry every byte (zero copy off), start at 4 slots
             "t_rcvbuf": {"SDP_ZCOPY_THRESH": "0", "SDP_RING_START": "4"},
+            # every byte by Buffer Copy, with streaming stores from 4 KiB
+            "t_copy_stream": {"SDP_ZCOPY_THRESH": "0", "SDP_COPY_STREAM": "on"},
             # the first connect waits between its hello and its SYN
             # (descriptors the program opens: t_putback.c GATE_W/GATE_R)
             "t_putback": {"SDP_TEST_HELLO_GATE": "500:501"},

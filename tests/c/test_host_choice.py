@@ -124,3 +124,30 @@ def test_az_threshold_measured_and_cached(tmp_path):
     again = _check_json(env)["az_threshold"]
     assert again["source"] == "cache" and again["threshold"] == first["threshold"], again
     assert "az 8192 " in (tmp_path / "calib").read_text()
+
+
+def test_streaming_stores_forced_either_way(tmp_path):
+    """SDP_COPY_STREAM on and off: every byte arrives (t_copy_stream
+    verifies contents, both directions at once) and the counter says which
+    stores wrote them. `auto` follows the host's state at the moment, which
+    tests/unit/test_copy.c drives with simulated timings."""
+    for mode in ("on", "off"):
+        env = _env(tmp_path, SDP_COPY_STREAM=mode, SDP_ZCOPY_THRESH="0",
+                   T_COPY_STREAM_EXPECT=mode)
+        err = _run("t_copy_stream", env)
+        got = re.findall(r"streamed (\d+) of (\d+) Buffer Copy bytes", err)
+        assert got, err[-2000:]
+        streamed, copied = int(got[0][0]), int(got[0][1])
+        assert copied > 4_000_000, err[-2000:]
+        assert (streamed > 0) == (mode == "on"), (mode, got)
+
+
+def test_check_measures_both_stores_between_cpus(tmp_path):
+    st = _check_json(_env(tmp_path))["copy"]["stream"]
+    assert st["mode"] == "auto" and st["min_bytes"] == 4096, st
+    assert _check_json(_env(tmp_path, SDP_COPY_STREAM="off"))["copy"]["stream"]["mode"] == "off"
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert st["cpus"][0] != st["cpus"][1], st
+        assert st["plain_gbps"] > 0 and st["stream_gbps"] > 0, st
+    else:
+        assert "plain_gbps" not in st, st

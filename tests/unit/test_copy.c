@@ -6,6 +6,8 @@
  * aliased cases); and the calibration (src/sdp/calib.c) picks the routine a
  * simulated host prefers (SDP_CALIB_FAKE), libc on a tie within 10%, and
  * the AZ threshold a simulated host's copy and protection costs give.
+ * The streaming-store routine is held to the same exactness, and the
+ * per-thread choice of streaming stores (copy.h) to simulated timings.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -123,6 +125,55 @@ static void az_choice(void)
 	CHECK(sdp_calib_az_thresh(&c, 1, &w) == 0, "nothing measured");
 }
 
+/* Feeds the learner copies of 16 KiB that take ns each, timed ones only
+ * where it asks; returns the share of the last 1,000 it streamed. */
+static double stream_run(struct sdp_stream_pick *p, uint64_t ns, int copies)
+{
+	int streamed = 0;
+	for (int i = 0; i < copies; i++) {
+		enum sdp_stream_act a = sdp_stream_next(p);
+		if (a == SDP_ST_TIMED)
+			sdp_stream_learn(p, 16384, ns, 24.0);
+		if (a == SDP_ST_STREAM && i >= copies - 1000)
+			streamed++;
+	}
+	return streamed / 1000.0;
+}
+
+static void stream_choice(void)
+{
+	struct sdp_stream_pick p = { 0 };
+	/* the reader shares a cache: 18 GB/s (910 ns) stays plain */
+	CHECK(stream_run(&p, 910, 5000) == 0 && !p.on, "fast host streamed (%.1f GB/s)", p.gbps);
+	/* the reader moved behind another cache: 2.4 GB/s (6.8 us) streams
+	 * within a few hundred copies, timing one plain copy in 128 */
+	double share = stream_run(&p, 6800, 2000);
+	CHECK(p.on && share > 0.98 && share < 1.0, "slow host: on %d, %.3f streamed", p.on,
+	      share);
+	/* a preempted copy (2 ms) says nothing */
+	double before = p.gbps;
+	sdp_stream_learn(&p, 16384, 2000000, 24.0);
+	CHECK(p.gbps == before, "a preempted copy was learned");
+	/* back on one cache: plain again */
+	CHECK(stream_run(&p, 910, 3000) == 0 && !p.on, "stayed streaming (%.1f GB/s)", p.gbps);
+	/* the reference scales the thresholds: 6 GB/s is slow beside 40 */
+	struct sdp_stream_pick q = { 0 };
+	for (int i = 0; i < 200; i++)
+		if (sdp_stream_next(&q) == SDP_ST_TIMED)
+			sdp_stream_learn(&q, 16384, 2730, 40.0);
+	CHECK(q.on, "6 GB/s beside a 40 GB/s host did not stream");
+	struct sdp_stream_pick r = { 0 };
+	for (int i = 0; i < 200; i++)
+		if (sdp_stream_next(&r) == SDP_ST_TIMED)
+			sdp_stream_learn(&r, 16384, 2730, 8.0);
+	CHECK(!r.on, "6 GB/s beside an 8 GB/s host streamed");
+	/* the switch: on and off by name, auto left to the table */
+	CHECK(sdp_copy_stream_set("on") && sdp_copy_stream_mode == 1, "on");
+	CHECK(sdp_copy_stream_set("off") && sdp_copy_stream_mode == 2, "off");
+	CHECK(!sdp_copy_stream_set("sometimes"), "bad name accepted");
+	sdp_copy_stream_mode = 0;
+}
+
 int main(void)
 {
 	unsigned char *src = aligned_alloc(4096, AREA), *dst = aligned_alloc(4096, AREA);
@@ -151,6 +202,18 @@ int main(void)
 		printf("%s: ok\n", im[i].name);
 	}
 	CHECK(tested >= 1, "no routine usable");
+	/* the streaming routine, from the sizes sdp_copy_shared gives it */
+	const struct sdp_copy_impl st = { "streaming", sdp_copy_streaming, NULL };
+	for (size_t so = 0; so < 64; so += 5)
+		for (size_t dof = 0; dof < 64; dof += 3)
+			one(&st, src, dst, so, dof, 4096 + so * 37 + dof);
+	static const size_t sbig[] = { 64, 65, 100, 16384, 16656, 65536 + 17, 300000 };
+	for (size_t k = 0; k < sizeof sbig / sizeof sbig[0]; k++) {
+		one(&st, src, dst, 16, 16, sbig[k]);
+		one(&st, src, dst, 0, 33, sbig[k]);
+	}
+	printf("streaming: ok\n");
+	stream_choice();
 	CHECK(sdp_copy_use("libc") && !strcmp(sdp_copy_name(), "libc"), "sdp_copy_use(libc)");
 	CHECK(!sdp_copy_use("no-such-routine"), "unknown routine accepted");
 

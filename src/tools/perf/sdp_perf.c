@@ -178,7 +178,7 @@ static int transport_of(int fd)
 	return errno == ENOPROTOOPT ? -1 : -2;
 }
 
-struct tstats { uint64_t v[11]; int have; };
+struct tstats { uint64_t v[12]; int have; };
 
 static void sdp_stats_add(int fd, struct tstats *acc)
 {
@@ -199,6 +199,7 @@ static void sdp_stats_add(int fd, struct tstats *acc)
 	acc->v[8] += st.rx_azasync_bytes;
 	acc->v[9] += st.az_faults;
 	acc->v[10] += st.az_cow_copies;
+	acc->v[11] += st.tx_stream_bytes;
 }
 
 static void jw_sdp_stats(struct jw *j, const struct tstats *s)
@@ -217,6 +218,7 @@ static void jw_sdp_stats(struct jw *j, const struct tstats *s)
 	jw_int(j, "rx_azasync_bytes", (int64_t)s->v[8]);
 	jw_int(j, "az_faults", (int64_t)s->v[9]);
 	jw_int(j, "az_cow_copies", (int64_t)s->v[10]);
+	jw_int(j, "tx_stream_bytes", (int64_t)s->v[11]);
 	jw_obj_end(j);
 }
 
