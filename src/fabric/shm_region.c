@@ -77,10 +77,12 @@ struct shm_map {                   /* one mapping of a memfd in this process */
 	size_t   slot_len;             /* bytes per slot (page multiple) */
 };
 
-#define SHM_ARENAS      16   /* arenas of ours in all */
-#define SHM_PEER_ARENAS  8   /* ... and for one peer, each twice the one
-			      * before up to 8 x region_cache slots: 376
-			      * slots with the default 8 */
+#define SHM_ARENAS      48   /* arenas of ours in all */
+#define SHM_PEER_ARENAS 24   /* ... and for one peer, each twice the one
+			      * before up to 8 x region_cache slots: 1,400
+			      * slots with the default 8 (a server tier with
+			      * hundreds of connections open to one peer and
+			      * as many closing) */
 
 /* Private to the process (fork copies it, as fork copies the mappings). */
 static struct shm_map maps[SHM_MAPS];
