@@ -56,7 +56,12 @@ static double now_ns(void)
 	return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
 }
 
-static void cache_path(char *p, size_t n)
+/* The cache's path as the process's environment gave it at start-up
+ * (sdp_calib_env): servers that clear their environment before serving
+ * (nginx's workers keep only TZ) still find the user's cache. */
+static char start_path[256];
+
+static void path_from_env(char *p, size_t n)
 {
 	const char *e = getenv("SDP_CALIB_FILE");
 	if (e && *e) {
@@ -74,6 +79,21 @@ static void cache_path(char *p, size_t n)
 		return;
 	}
 	snprintf(p, n, "/tmp/sdp-calib.%u", (unsigned)getuid());
+}
+
+void sdp_calib_env(void)
+{
+	path_from_env(start_path, sizeof start_path);
+}
+
+static void cache_path(char *p, size_t n)
+{
+	const char *e = getenv("SDP_CALIB_FILE");
+	if (start_path[0] && !(e && *e)) {
+		snprintf(p, n, "%s", start_path);
+		return;
+	}
+	path_from_env(p, n);
 }
 
 static void host_key(char *k, size_t n)

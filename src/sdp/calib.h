@@ -62,6 +62,10 @@ struct sdp_calib {
  * measured speeds (and bypasses the cache): a host that prefers another
  * routine, simulated. */
 void sdp_calib_get(uint32_t slot_size, bool force, struct sdp_calib *out);
+/* Note where the cache is while the environment is the one the process
+ * started with (the library's start-up): later lookups use it even if the
+ * program cleared its environment. */
+void sdp_calib_env(void);
 /* The same with the Asynchronous Zero Copy costs measured too (cached with
  * the rest; sdp_calib_get measures them only with SDP_AZCOPY=1).
  * SDP_CALIB_FAKE may add ";az=GBPS:FIXED_US:PAGE_US": copies at GBPS, a

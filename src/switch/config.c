@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "sdp/az.h"
+#include "sdp/calib.h"
 #include "sdp/copy.h"
 #include "sdp/wake.h"
 #include "switch/switch.h"
@@ -162,6 +163,7 @@ static void do_init(void)
 		have_policy = true;        /* a named but unusable policy: TCP */
 	}
 	sdp_tunables_load(policy ? policy_set : NULL, policy, tun_report, NULL, NULL);
+	sdp_calib_env();
 	sdp_log_level = (int)sdp_tun.log_level;
 	tun_refuse_unworkable();
 	struct fab_params fp = {

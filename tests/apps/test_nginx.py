@@ -108,14 +108,14 @@ def _ppid(pid):
 
 
 def _start_nginx(sdp, procs, kit, prefix, root, sendfile, user=None, name="nginx",
-                 upstream=None, reuseport=False):
+                 upstream=None, reuseport=False, env=None):
     (prefix / "tmp").mkdir()
     port = kit.free_port()
     conf = prefix / "nginx.conf"
     conf.write_text(_nginx_conf(prefix, port, root, sendfile, user, upstream, reuseport))
     proc = procs.start(
         sdp.wrap(["nginx", "-p", prefix, "-c", conf, "-e", prefix / "error.log"]),
-        name=name, env=sdp.env())
+        name=name, env=env or sdp.env())
     kit.wait_port(port, proc)
     srv = Nginx(proc, port, prefix)
     deadline = time.monotonic() + 20
@@ -311,6 +311,35 @@ def test_nginx_workers_as_nobody(sdp, procs, kit, tmp_path):
     finally:
         import shutil
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_nginx_workers_keep_the_calibration_cache(sdp, procs, kit, tmp_path, www):
+    """nginx's workers clear their environment (only TZ is kept): the
+    library must still use the calibration cache the master's environment
+    named (SDP_CALIB_FILE here, HOME normally), not measure the host again
+    into a cache of its own at every worker's first connection."""
+    if not sdp.enabled:
+        pytest.skip("the calibration cache is the library's")
+    kit.require_bins("nginx", "curl")
+    root, digests = www
+    calib = tmp_path / "calib"
+    env = dict(sdp.env(), SDP_CALIB_FILE=str(calib))
+    (tmp_path / "ngx").mkdir()
+    srv = _start_nginx(sdp, procs, kit, tmp_path / "ngx", root, "off", name="nginx-calib",
+                       env=env)
+    assert not calib.exists(), "the cache was made before any connection"
+    before = sdp.server_stats(srv.proc)
+    out = tmp_path / "1k.bin"
+    res = kit.run_cmd(sdp.wrap(["curl", "-sS", "--fail", "--max-time", "20", "-o", out,
+                                f"http://127.0.0.1:{srv.port}/1k.bin"]),
+                      timeout=30, env=sdp.env())
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == digests["1k"]
+    d = kit.delta(sdp.server_stats(srv.proc), before)
+    assert d["sdp_conns"] >= 1, f"nginx SDP conns delta {d}"
+    # the worker that served it resolved its `auto` choices from the cache
+    # the master was given, measuring the host into it
+    assert calib.exists() and calib.read_text().startswith("sdp-calib"), \
+        f"no calibration cache at {calib}: the worker looked elsewhere"
 
 
 def test_nginx_reverse_proxy(nginx_server, www, sdp, procs, kit, tmp_path):
