@@ -48,12 +48,15 @@ static void copy_movsb(void *dst, const void *src, size_t n)
 	__asm__ volatile("rep movsb" : "+D"(dst), "+S"(src), "+c"(n) : : "memory");
 }
 
-static void copy_sse2(void *dst, const void *src, size_t n)
+/* The vector loops, with plain or (stream: a constant, so each use is
+ * compiled apart) streaming stores. Streaming (non-temporal) stores write
+ * to memory without taking the line into the cache first (copy.h: when
+ * the reader is far); the fence makes them visible before the caller
+ * publishes the bytes, which a release store of the ring's index does not
+ * order. The first and last vectors are plain stores of the same bytes. */
+static inline __attribute__((always_inline))
+void sse2_loop(void *dst, const void *src, size_t n, bool stream)
 {
-	if (n < SMALL) {
-		memcpy(dst, src, n);
-		return;
-	}
 	char *d = dst;
 	const char *s = src;
 	__m128i first = _mm_loadu_si128((const __m128i *)s);
@@ -67,31 +70,52 @@ static void copy_sse2(void *dst, const void *src, size_t n)
 		__m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
 		__m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
 		__m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-		_mm_store_si128((__m128i *)d, a);
-		_mm_store_si128((__m128i *)(d + 16), b);
-		_mm_store_si128((__m128i *)(d + 32), c);
-		_mm_store_si128((__m128i *)(d + 48), e);
+		if (stream) {
+			_mm_stream_si128((__m128i *)d, a);
+			_mm_stream_si128((__m128i *)(d + 16), b);
+			_mm_stream_si128((__m128i *)(d + 32), c);
+			_mm_stream_si128((__m128i *)(d + 48), e);
+		} else {
+			_mm_store_si128((__m128i *)d, a);
+			_mm_store_si128((__m128i *)(d + 16), b);
+			_mm_store_si128((__m128i *)(d + 32), c);
+			_mm_store_si128((__m128i *)(d + 48), e);
+		}
 		d += 64;
 		s += 64;
 		n -= 64;
 	}
 	while (n >= 16) {
-		_mm_store_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+		if (stream)
+			_mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+		else
+			_mm_store_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
 		d += 16;
 		s += 16;
 		n -= 16;
 	}
+	if (stream)
+		_mm_sfence();
 	_mm_storeu_si128((__m128i *)(d + n - 16), last);
 	_mm_storeu_si128((__m128i *)dst, first);
 }
 
-__attribute__((target("avx2")))
-static void copy_avx2(void *dst, const void *src, size_t n)
+static void copy_sse2(void *dst, const void *src, size_t n)
 {
-	if (n < SMALL) {
+	if (n < SMALL)
 		memcpy(dst, src, n);
-		return;
-	}
+	else
+		sse2_loop(dst, src, n, false);
+}
+
+static void stream_sse2(void *dst, const void *src, size_t n)
+{
+	sse2_loop(dst, src, n, true);
+}
+
+__attribute__((target("avx2"))) static inline __attribute__((always_inline))
+void avx2_loop(void *dst, const void *src, size_t n, bool stream)
+{
 	char *d = dst;
 	const char *s = src;
 	__m256i first = _mm256_loadu_si256((const __m256i *)s);
@@ -105,23 +129,50 @@ static void copy_avx2(void *dst, const void *src, size_t n)
 		__m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
 		__m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
 		__m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
-		_mm256_store_si256((__m256i *)d, a);
-		_mm256_store_si256((__m256i *)(d + 32), b);
-		_mm256_store_si256((__m256i *)(d + 64), c);
-		_mm256_store_si256((__m256i *)(d + 96), e);
+		if (stream) {
+			_mm256_stream_si256((__m256i *)d, a);
+			_mm256_stream_si256((__m256i *)(d + 32), b);
+			_mm256_stream_si256((__m256i *)(d + 64), c);
+			_mm256_stream_si256((__m256i *)(d + 96), e);
+		} else {
+			_mm256_store_si256((__m256i *)d, a);
+			_mm256_store_si256((__m256i *)(d + 32), b);
+			_mm256_store_si256((__m256i *)(d + 64), c);
+			_mm256_store_si256((__m256i *)(d + 96), e);
+		}
 		d += 128;
 		s += 128;
 		n -= 128;
 	}
 	while (n >= 32) {
-		_mm256_store_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+		if (stream)
+			_mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
+		else
+			_mm256_store_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
 		d += 32;
 		s += 32;
 		n -= 32;
 	}
+	if (stream)
+		_mm_sfence();
 	_mm256_storeu_si256((__m256i *)(d + n - 32), last);
 	_mm256_storeu_si256((__m256i *)dst, first);
 	_mm256_zeroupper();
+}
+
+__attribute__((target("avx2")))
+static void copy_avx2(void *dst, const void *src, size_t n)
+{
+	if (n < SMALL)
+		memcpy(dst, src, n);
+	else
+		avx2_loop(dst, src, n, false);
+}
+
+__attribute__((target("avx2")))
+static void stream_avx2(void *dst, const void *src, size_t n)
+{
+	avx2_loop(dst, src, n, true);
 }
 
 __attribute__((target("avx512f")))
@@ -160,80 +211,6 @@ static void copy_avx512(void *dst, const void *src, size_t n)
 	}
 	_mm512_storeu_si512((void *)(d + n - 64), last);
 	_mm512_storeu_si512((void *)dst, first);
-	_mm256_zeroupper();
-}
-
-/* Streaming (non-temporal) stores, aligned on the destination; the first
- * and last vectors are plain stores of the same bytes. The fence makes
- * the bytes visible before the caller publishes them (a release store of
- * the ring's index does not order streaming stores). */
-static void stream_sse2(void *dst, const void *src, size_t n)
-{
-	char *d = dst;
-	const char *s = src;
-	__m128i first = _mm_loadu_si128((const __m128i *)s);
-	__m128i last = _mm_loadu_si128((const __m128i *)(s + n - 16));
-	size_t head = 16 - ((uintptr_t)d & 15);
-	d += head;
-	s += head;
-	n -= head;
-	while (n >= 64) {
-		__m128i a = _mm_loadu_si128((const __m128i *)s);
-		__m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
-		__m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
-		__m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
-		_mm_stream_si128((__m128i *)d, a);
-		_mm_stream_si128((__m128i *)(d + 16), b);
-		_mm_stream_si128((__m128i *)(d + 32), c);
-		_mm_stream_si128((__m128i *)(d + 48), e);
-		d += 64;
-		s += 64;
-		n -= 64;
-	}
-	while (n >= 16) {
-		_mm_stream_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
-		d += 16;
-		s += 16;
-		n -= 16;
-	}
-	_mm_sfence();
-	_mm_storeu_si128((__m128i *)(d + n - 16), last);
-	_mm_storeu_si128((__m128i *)dst, first);
-}
-
-__attribute__((target("avx2")))
-static void stream_avx2(void *dst, const void *src, size_t n)
-{
-	char *d = dst;
-	const char *s = src;
-	__m256i first = _mm256_loadu_si256((const __m256i *)s);
-	__m256i last = _mm256_loadu_si256((const __m256i *)(s + n - 32));
-	size_t head = 32 - ((uintptr_t)d & 31);
-	d += head;
-	s += head;
-	n -= head;
-	while (n >= 128) {
-		__m256i a = _mm256_loadu_si256((const __m256i *)s);
-		__m256i b = _mm256_loadu_si256((const __m256i *)(s + 32));
-		__m256i c = _mm256_loadu_si256((const __m256i *)(s + 64));
-		__m256i e = _mm256_loadu_si256((const __m256i *)(s + 96));
-		_mm256_stream_si256((__m256i *)d, a);
-		_mm256_stream_si256((__m256i *)(d + 32), b);
-		_mm256_stream_si256((__m256i *)(d + 64), c);
-		_mm256_stream_si256((__m256i *)(d + 96), e);
-		d += 128;
-		s += 128;
-		n -= 128;
-	}
-	while (n >= 32) {
-		_mm256_stream_si256((__m256i *)d, _mm256_loadu_si256((const __m256i *)s));
-		d += 32;
-		s += 32;
-		n -= 32;
-	}
-	_mm_sfence();
-	_mm256_storeu_si256((__m256i *)(d + n - 32), last);
-	_mm256_storeu_si256((__m256i *)dst, first);
 	_mm256_zeroupper();
 }
 
