@@ -360,11 +360,6 @@ bool sdp_copy_shared(void *dst, const void *src, size_t n)
 	return false;
 }
 
-void sdp_copy_stream_state(struct sdp_stream_pick *out)
-{
-	*out = pick;
-}
-
 void sdp_copy_streaming(void *dst, const void *src, size_t n)
 {
 	sdp_copy_fn st = stream_fn();

@@ -83,7 +83,5 @@ extern int sdp_copy_stream_mode;
 bool sdp_copy_stream_set(const char *name);
 /* The host's calibrated speed of the copy routine in use, GB/s. */
 void sdp_copy_stream_ref(double gbps);
-/* This thread's state (sdp check, tests). */
-void sdp_copy_stream_state(struct sdp_stream_pick *out);
 
 #endif
