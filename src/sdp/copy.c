@@ -317,9 +317,14 @@ void sdp_stream_learn(struct sdp_stream_pick *p, size_t bytes, uint64_t ns, doub
 		return;
 	double g = (double)bytes / (double)(ns ? ns : 1);   /* bytes/ns = GB/s */
 	p->gbps = p->gbps <= 0 ? g : p->gbps + (g - p->gbps) / 4;
-	if (!p->on && p->gbps < ref * SDP_STREAM_SLOW)
+	double slow = ref * SDP_STREAM_SLOW, fast = ref * SDP_STREAM_FAST;
+	if (slow > SDP_STREAM_SLOW_GBPS)
+		slow = SDP_STREAM_SLOW_GBPS;
+	if (fast > SDP_STREAM_FAST_GBPS)
+		fast = SDP_STREAM_FAST_GBPS;
+	if (!p->on && p->gbps < slow)
 		p->on = true;
-	else if (p->on && p->gbps > ref * SDP_STREAM_FAST)
+	else if (p->on && p->gbps > fast)
 		p->on = false;
 }
 

@@ -50,14 +50,20 @@ const char *sdp_copy_name(void);
  * it back: 12-13 GB/s end to end either way. So each thread times one in
  * SDP_STREAM_PROBE_OFF of its large plain copies into shared buffers;
  * when their smoothed speed falls below SDP_STREAM_SLOW of the host's
- * calibrated copy speed it streams, timing one plain copy in
- * SDP_STREAM_PROBE_ON, and goes back above SDP_STREAM_FAST. A reader on
- * the same core or cache finds plain stores fast and keeps them. */
+ * calibrated copy speed, and below SDP_STREAM_SLOW_GBPS whatever that
+ * is (a host whose copies within one cache are very fast may still move
+ * 8-15 GB/s between cores with plain stores, more than streaming stores
+ * give end to end), it streams, timing one plain copy in
+ * SDP_STREAM_PROBE_ON, and goes back above SDP_STREAM_FAST (at most
+ * SDP_STREAM_FAST_GBPS). A reader on the same core or cache finds plain
+ * stores fast and keeps them. */
 #define SDP_STREAM_MIN       4096  /* bytes: smaller copies use plain stores */
 #define SDP_STREAM_PROBE_OFF 16    /* plain: time one large copy in 16 */
 #define SDP_STREAM_PROBE_ON  128   /* streaming: one plain, timed, in 128 */
 #define SDP_STREAM_SLOW      0.25  /* of the reference: stream below it */
 #define SDP_STREAM_FAST      0.40  /* ... plain again above it */
+#define SDP_STREAM_SLOW_GBPS 6.0   /* and never stream above this */
+#define SDP_STREAM_FAST_GBPS 10.0  /* ... plain again above this at most */
 #define SDP_STREAM_REF_GBPS  24.0  /* reference until calibration gives one */
 
 struct sdp_stream_pick {           /* one per thread */

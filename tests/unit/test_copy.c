@@ -156,17 +156,20 @@ static void stream_choice(void)
 	CHECK(p.gbps == before, "a preempted copy was learned");
 	/* back on one cache: plain again */
 	CHECK(stream_run(&p, 910, 3000) == 0 && !p.on, "stayed streaming (%.1f GB/s)", p.gbps);
-	/* the reference scales the thresholds: 6 GB/s is slow beside 40 */
-	struct sdp_stream_pick q = { 0 };
-	for (int i = 0; i < 200; i++)
-		if (sdp_stream_next(&q) == SDP_ST_TIMED)
-			sdp_stream_learn(&q, 16384, 2730, 40.0);
-	CHECK(q.on, "6 GB/s beside a 40 GB/s host did not stream");
-	struct sdp_stream_pick r = { 0 };
-	for (int i = 0; i < 200; i++)
-		if (sdp_stream_next(&r) == SDP_ST_TIMED)
-			sdp_stream_learn(&r, 16384, 2730, 8.0);
-	CHECK(!r.on, "6 GB/s beside an 8 GB/s host streamed");
+	/* the reference scales the thresholds: 4 GB/s is slow beside 40,
+	 * 6 GB/s is not beside 8; and above 6 GB/s nothing streams however
+	 * fast the host copies within one cache (8 GB/s beside 100) */
+	static const struct { uint64_t ns; double ref; bool on; } sc[] = {
+		{ 4096, 40.0, true }, { 2730, 8.0, false }, { 2048, 100.0, false },
+	};
+	for (size_t k = 0; k < sizeof sc / sizeof sc[0]; k++) {
+		struct sdp_stream_pick q = { 0 };
+		for (int i = 0; i < 200; i++)
+			if (sdp_stream_next(&q) == SDP_ST_TIMED)
+				sdp_stream_learn(&q, 16384, sc[k].ns, sc[k].ref);
+		CHECK(q.on == sc[k].on, "%.1f GB/s beside a %.0f GB/s host: streaming %d",
+		      16384.0 / (double)sc[k].ns, sc[k].ref, q.on);
+	}
 	/* the switch: on and off by name, auto left to the table */
 	CHECK(sdp_copy_stream_set("on") && sdp_copy_stream_mode == 1, "on");
 	CHECK(sdp_copy_stream_set("off") && sdp_copy_stream_mode == 2, "off");
