@@ -28,14 +28,7 @@ SDP = os.path.join(BIN, "sdp")
 PERF = os.path.join(BIN, "sdp-perf")
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from sdpbench.apps import _nginx_conf  # noqa: E402
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+from sdpbench.procs import free_port  # noqa: E402
 
 
 def wait_port(port, secs=10):
