@@ -125,7 +125,8 @@ static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 		atomic_store(&q_claim[Q_IDX(q)], NULL);
 		return 0;
 	}
-	s->qs[free_i] = (struct ep_queue){ .ops = o, .q = q, .fd = fd, .members = 1 };
+	s->qs[free_i] = (struct ep_queue){ .ops = o, .q = q, .fd = fd, .members = 1,
+					   .uncounted = s->nsleep > 0 || !s->counted };
 	s->qpid = sdp_pid;
 	return (uint8_t)(free_i + 1);
 }
@@ -224,14 +225,16 @@ int ep_queue_take(struct ep_shadow *s, int i)
 bool ep_queues_sleep(struct ep_shadow *s, struct q_sleep *z)
 {
 	z->n = 0;
-	if (!ep_queues_ours(s))
-		return false;
 	bool news = false;
 	pthread_mutex_lock(&s->lock);
-	for (int i = 0; i < EP_QMAX; i++) {
+	s->nsleep++;
+	s->counted = true;
+	for (int i = 0; ep_queues_ours(s) && i < EP_QMAX; i++) {
 		struct ep_queue *x = &s->qs[i];
 		if (!x->ops || x->dead)
 			continue;
+		if (s->nsleep == 1)
+			x->uncounted = false;     /* the only sleeper: counted now */
 		if (x->ops->q_sleep(x->q, +1)) {
 			/* Held until queues_wake: the set may give the queue
 			 * up while we sleep. */
@@ -245,11 +248,29 @@ bool ep_queues_sleep(struct ep_shadow *s, struct q_sleep *z)
 	return news;
 }
 
-void ep_queues_wake(struct q_sleep *z)
+void ep_queues_wake(struct ep_shadow *s, struct q_sleep *z)
 {
 	for (int i = 0; i < z->n; i++)
 		z->ops[i]->q_sleep(z->q[i], -1);
 	z->n = 0;
+	pthread_mutex_lock(&s->lock);
+	if (--s->nsleep == 0 && s->counted)
+		/* No sleeper left: the next counts itself on every queue. */
+		for (int i = 0; i < EP_QMAX; i++)
+			s->qs[i].uncounted = false;
+	pthread_mutex_unlock(&s->lock);
+}
+
+/* A wait of the set goes to the kernel without the shadow (no members):
+ * it counts on no queue until it wakes. */
+void ep_raw_sleep(struct ep_shadow *s)
+{
+	pthread_mutex_lock(&s->lock);
+	s->counted = false;
+	for (int i = 0; i < EP_QMAX; i++)
+		if (s->qs[i].ops)
+			s->qs[i].uncounted = true;
+	pthread_mutex_unlock(&s->lock);
 }
 
 struct ep_shadow *ep_shadow_of(int epfd, bool create)
@@ -650,12 +671,20 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 /* Ask member e's peer for a kick: through the set's queue if it has one
  * (no system call on either side while we are awake), else a token on its
  * socket. Called locked. */
-void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed)
+void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed, bool self)
 {
-	if (e->q1 && ep_queues_ours(s) && !s->qs[e->q1 - 1].dead)
+	if (e->q1 && ep_queues_ours(s) && !s->qs[e->q1 - 1].dead) {
 		sdp_arm_q(e->c, e->fd, e->events, owed);
-	else
+		/* A waiter asleep and not counted on this queue (another
+		 * thread's epoll_ctl gave the set the queue meanwhile) gets
+		 * no bell from its kicks. The member's socket is in the
+		 * kernel set: a token wakes that waiter. A caller that waits
+		 * itself counts before it sleeps; others may sleep already. */
+		if (s->qs[e->q1 - 1].uncounted && (!self || s->nsleep > 0))
+			sdp_arm(e->c, e->fd, e->events);
+	} else {
 		sdp_arm(e->c, e->fd, e->events);
+	}
 }
 
 /*
@@ -726,7 +755,7 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->rep = fab_clock();
 				e->q1 = queue_for(s, c);
 				key_map(s, i);
-				ep_arm(s, e, false);     /* as in epoll_ctl */
+				ep_arm(s, e, false, false);     /* as in epoll_ctl */
 				ep_note_check(s, i);
 			} else {
 				ep_remove_at(s, i);
@@ -886,7 +915,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			 * drain it. A queue member's owed tokens go out from
 			 * arm_all every SDP_CHECK_MS (a token member's before
 			 * every sleep, in sdp_arm). */
-			ep_arm(s, e, false);
+			ep_arm(s, e, false, false);
 			ep_note_check(s, (int)(e - s->v));   /* ready already? */
 		}
 	}

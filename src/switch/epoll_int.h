@@ -38,6 +38,12 @@ struct ep_queue {
 	int fd;                       /* its descriptor, in the kernel set */
 	int members;                  /* entries of the set on it */
 	bool dead;                    /* gone: its members use tokens */
+	bool uncounted;               /* a waiter asleep on the set may not be
+				       * counted on it (it was claimed during
+				       * that sleep, or while a wait of the set
+				       * went to the kernel without the shadow):
+				       * a kick would ring no bell for it, so
+				       * members are armed on tokens too (ep_arm) */
 };
 
 struct ep_ent {
@@ -118,6 +124,13 @@ struct ep_shadow {
 	bool lazy;                    /* token members are looked at only with
 				       * news, like queue members (EP_LAZY_MIN) */
 	int nwatching;                /* members we watch during this sleep */
+	int nsleep;                   /* waiters asleep in the kernel now, from
+				       * their count on the queues to the end
+				       * of the sleep (ep_queues_sleep/wake) */
+	bool counted;                 /* every wait since the last full wake
+				       * went through the shadow (a wait while
+				       * the set had no members is the kernel's
+				       * own, counted on nothing: raw_wait) */
 	uint32_t epoch;               /* local_changes at the last scan */
 	pid_t qpid;                   /* the process they belong to (a forked
 				       * child's copy of the set uses tokens) */
@@ -151,7 +164,10 @@ bool ep_by_news(const struct ep_shadow *s, const struct ep_ent *e);
 void ep_note_check(struct ep_shadow *s, int i);      /* the next scan looks */
 void ep_remove_at(struct ep_shadow *s, int i);
 void ep_unpark(struct ep_shadow *s, int i);
-void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed);
+/* self: the caller waits on the set and counts itself on its queues
+ * before it sleeps (a scan's look, arm_all); else epoll_ctl's arm. */
+void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed, bool self);
+void ep_raw_sleep(struct ep_shadow *s);
 void ep_wait_fd_ctl(int epfd, int op, int fd, struct sdp_conn *c);
 uint64_t ep_arrived(struct sdp_conn *c);
 uint64_t ep_acked(struct sdp_conn *c);
@@ -159,6 +175,6 @@ uint64_t ep_acked(struct sdp_conn *c);
 bool ep_queues_ours(const struct ep_shadow *s);
 int  ep_queue_take(struct ep_shadow *s, int i);
 bool ep_queues_sleep(struct ep_shadow *s, struct q_sleep *z);
-void ep_queues_wake(struct q_sleep *z);
+void ep_queues_wake(struct ep_shadow *s, struct q_sleep *z);
 
 #endif

@@ -149,7 +149,7 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 		 * got data unseen while another got news later would be
 		 * served after it (order, ARCHITECTURE 7). Then look again:
 		 * the data may have come before the arm. */
-		ep_arm(s, e, false);
+		ep_arm(s, e, false, true);
 		e->looked = false;
 		ev = ent_events(s, e, k);
 	}
@@ -347,14 +347,14 @@ static bool arm_all(struct ep_shadow *s)
 				/* Looked at, its data may have come while
 				 * it was not armed: the scan after the arms
 				 * looks again. */
-				ep_arm(s, e, owed);
+				ep_arm(s, e, owed, true);
 				ep_note_check(s, i);
 			}
 			e->looked = false;
 			continue;
 		}
 		if (!e->disabled)
-			ep_arm(s, e, owed);
+			ep_arm(s, e, owed, true);
 		e->watching = sdp_watch(e->c);
 		if (!e->watching)
 			shared = true;
@@ -594,7 +594,7 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 		struct q_sleep z;
 		if (ep_queues_sleep(s, &z)) {
 			/* News came between the arms and now: look again. */
-			ep_queues_wake(&z);
+			ep_queues_wake(s, &z);
 			unwatch_all(s);
 			sdp_wake_drop(wk);
 			continue;
@@ -604,7 +604,7 @@ static int wait_common(struct ep_shadow *s, int epfd, struct epoll_event *ev, in
 		fab_held_push();                      /* fabric.h */
 		int r = kernel_wait(epfd, ev, max, tp, mask);
 		sdp_wake_drop(wk);
-		ep_queues_wake(&z);
+		ep_queues_wake(s, &z);
 		if (r < 0) {
 			unwatch_all(s);
 			return r;
@@ -639,15 +639,66 @@ static int held_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_
 	}
 }
 
+/*
+ * A set without SDP members waits in the kernel as the application asked.
+ * Another thread may add one meanwhile (a server handing a connection to
+ * a worker's set): the kernel then returns our registrations of it -
+ * tagged tokens, queue bells -, which the application must never see
+ * (their data word is ours, not its pointer). They go through the shadow,
+ * and a wait they alone ended goes on as a wait with members for the rest
+ * of its time. The queues it counted on nothing (ep_raw_sleep).
+ */
+static void raw_begin(int epfd)
+{
+	struct ep_shadow *s = ep_shadow_of(epfd, false);
+	if (s)
+		ep_raw_sleep(s);
+}
+
+static int raw_end(int epfd, struct epoll_event *ev, int max, int r, uint64_t start,
+		   int64_t timeout_ns, const sigset_t *mask)
+{
+	if (r <= 0)
+		return r;
+	bool ours = false;
+	for (int i = 0; i < r && !ours; i++) {
+		uint64_t t = ev[i].data.u64 & TAG_MASK;
+		ours = t == TAG || t == TAGQ || t == TAGW;
+	}
+	struct ep_shadow *s = ours ? ep_shadow_of(epfd, false) : NULL;
+	if (!s)
+		return r;
+	int e = errno;
+	int n = filter(s, ev, r);
+	if (n < max)
+		n += scan(s, ev + n, max - n);
+	if (n)
+		return n;
+	int64_t left = -1;
+	if (timeout_ns >= 0) {
+		uint64_t spent = sdp_now_ns() - start;
+		if (spent >= (uint64_t)timeout_ns)
+			return 0;
+		left = timeout_ns - (int64_t)spent;
+	}
+	errno = e;
+	return wait_common(s, epfd, ev, max, left, mask);
+}
+
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	SDP_INIT();
 	struct ep_shadow *s = members(epfd);
+	int64_t to = timeout < 0 ? -1 : (int64_t)timeout * 1000000;
 	if (!s && held(timeout))
-		return held_wait(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
-	if (!s)
-		return real_epoll_wait(epfd, ev, max, timeout);
-	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL);
+		return held_wait(epfd, ev, max, to, NULL);
+	if (!s) {
+		uint64_t t0 = sdp_now_ns();
+		raw_begin(epfd);
+		int r = real_epoll_wait(epfd, ev, max, timeout);
+		return raw_end(epfd, ev, max, r, t0, to, NULL);
+	}
+	return wait_common(s, epfd, ev, max, to, NULL);
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
@@ -655,11 +706,16 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
 {
 	SDP_INIT();
 	struct ep_shadow *s = members(epfd);
+	int64_t to = timeout < 0 ? -1 : (int64_t)timeout * 1000000;
 	if (!s && held(timeout))
-		return held_wait(epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
-	if (!s)
-		return real_epoll_pwait(epfd, ev, max, timeout, mask);
-	return wait_common(s, epfd, ev, max, timeout < 0 ? -1 : (int64_t)timeout * 1000000, mask);
+		return held_wait(epfd, ev, max, to, mask);
+	if (!s) {
+		uint64_t t0 = sdp_now_ns();
+		raw_begin(epfd);
+		int r = real_epoll_pwait(epfd, ev, max, timeout, mask);
+		return raw_end(epfd, ev, max, r, t0, to, mask);
+	}
+	return wait_common(s, epfd, ev, max, to, mask);
 }
 
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
@@ -675,7 +731,10 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 			errno = ENOSYS;           /* a libc without it */
 			return -1;
 		}
-		return real_epoll_pwait2(epfd, ev, max, t, mask);
+		uint64_t t0 = sdp_now_ns();
+		raw_begin(epfd);
+		int r = real_epoll_pwait2(epfd, ev, max, t, mask);
+		return raw_end(epfd, ev, max, r, t0, to, mask);
 	}
 	return wait_common(s, epfd, ev, max,
 			   t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1, mask);
