@@ -762,12 +762,18 @@ static ssize_t shm_rdma_write(struct fab_ep *ep, const struct iovec *local, int 
 
 static void shm_arm(struct fab_ep *ep, unsigned what)
 {
+	atomic_fetch_add_explicit(&me(ep)->arms, 1, memory_order_relaxed);
 	atomic_fetch_or(&me(ep)->armed, what);
 	atomic_thread_fence(memory_order_seq_cst);
 }
 
 static void shm_disarm(struct fab_ep *ep, unsigned what)
 {
+	/* A withdrawn arm undoes its count: a waiter that armed, found
+	 * what it waited for and went on never slept, and the peer's kick
+	 * that took the arm before it still says "awake" (kick_owed, which
+	 * reads the bits first: the count goes back before they clear). */
+	atomic_fetch_sub(&me(ep)->arms, 1);
 	atomic_fetch_and(&me(ep)->armed, ~what);
 }
 
@@ -793,17 +799,25 @@ static int shm_kick(struct fab_ep *ep, int wfd, unsigned what)
 		return 0;
 	}
 	uint32_t took = atomic_fetch_and(&p->armed, ~all) & all;
-	int r = 0;
+	if (!took)
+		return 0;
+	uint32_t arms = atomic_load_explicit(&p->arms, memory_order_relaxed);
 	if (took & FAB_WAIT_F(what)) {
 		atomic_fetch_add(&p->fwake, 1);
 		syscall(SYS_futex, &p->fwake, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 	}
 	if ((took & FAB_WAIT_Q(what)) && shm_link_kick(ep, took >> FAB_WAIT_ROUTE2_SHIFT) < 0)
 		took |= what;                 /* no link: a token instead */
+	int r = took & what ? send_token(ep, wfd) : 0;
+	if (r < 0)
+		return r;
+	/* Woken: the peer looks before it arms again, so nothing is owed
+	 * to it until it has (kick_owed). */
+	atomic_store_explicit(&SE(ep)->took_arms, arms, memory_order_relaxed);
+	atomic_store_explicit(&SE(ep)->took, 1, memory_order_relaxed);
 	if (!(took & what))
 		return took & FAB_WAIT_Q(what) ? 2 : 3;   /* no token */
-	r = send_token(ep, wfd);
-	return r < 0 ? r : 1;
+	return 1;
 }
 
 static _Atomic uint32_t *shm_fwake_word(struct fab_ep *ep)
@@ -835,7 +849,16 @@ static int shm_kick_owed(struct fab_ep *ep, int wfd)
 	uint64_t sent = atomic_load(&me(ep)->tokens_sent);
 	if ((sent & TOKENS_FROZEN) || atomic_load(&p->tokens_rcvd) != sent)
 		return 0;
+	/* A peer that has not armed since a kick of ours took its last arm
+	 * (or never armed) has not slept since: it is awake, and looks
+	 * before it arms again. Owed is only an arm that went without our
+	 * kick. */
 	uint32_t armed = atomic_load(&p->armed);
+	uint32_t arms = atomic_load(&p->arms);
+	if (atomic_load_explicit(&SE(ep)->took, memory_order_relaxed)
+	    ? arms == atomic_load_explicit(&SE(ep)->took_arms, memory_order_relaxed)
+	    : arms == 0)
+		return 0;
 	armed |= armed >> FAB_WAIT_ROUTE2_SHIFT;      /* any route */
 	armed |= armed >> FAB_WAIT_ROUTE3_SHIFT;
 	bool owed = !(armed & FAB_WAIT_RX) &&

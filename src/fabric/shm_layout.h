@@ -75,7 +75,11 @@ struct shm_side {                 /* written only by its own side */
 				       * the socket's wait queue). Written by both */
 	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
 	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
-	char pad4[40];
+	_Atomic uint32_t arms;        /* arms made, a count (wraps): the peer
+				       * whose kick took one notes it, and an
+				       * arm gone while this stayed is its own
+				       * kick's, not a third party's (kick_owed) */
+	char pad4[36];
 	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
 };
 _Static_assert(sizeof(struct shm_side) == 384, "side block is 6 cache lines");
@@ -100,6 +104,9 @@ struct shm_ep {
 					  * that credit (0: none) */
 	_Atomic uint32_t owed_engine;    /* a FAB_WAIT_ZC kick found the peer not
 					  * armed: it may wait for it */
+	_Atomic uint32_t took_arms;      /* the peer's arms count when a kick of
+					  * ours last took an arm of its */
+	_Atomic uint32_t took;           /* 1: took_arms is set */
 	int32_t link;                    /* our link with the peer process
 					  * (shm_link.c: index in this process's
 					  * table, inherited by fork), -1: none */

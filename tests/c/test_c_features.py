@@ -36,6 +36,8 @@ PROG_ENV = {"t_malformed": {"SDP_REGION_CACHE": "0"},
             # tiny rings: senders wait for room all the time
             "t_shared_wait": {"SDP_NSLOTS": "4", "SDP_SLOT_SIZE": "4096"},
             "t_epoll_queue": {"SDP_SPIN_US": "0"},
+            # sleep in recv at once, before the peer read the request
+            "t_owed_pingpong": {"SDP_SPIN_US": "0"},
             "t_epoll_lazy": {"SDP_SPIN_US": "0"},
             "t_fast_sleep": {"SDP_SPIN_US": "0"},
             # the library sleeps 20 ms between a readiness queue's check
