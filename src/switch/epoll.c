@@ -83,6 +83,30 @@ static struct ep_shadow *_Atomic q_claim[256];
 
 /* The queue for a new member c of s, as 1 + its index in s->qs, or 0
  * (tokens). Called locked. */
+/* A waiter asleep on the set is counted only on the queues it counted
+ * itself on before its sleep (ep_queues_sleep), a wait that went to the
+ * kernel without the shadow on none: a kick on another queue would ring
+ * no bell for it. So the set counts one sleeper on such a queue for them
+ * (its bell is in the kernel set) until a sole sleeper has counted
+ * itself, or none sleeps. Called locked. */
+static bool set_ours(const struct ep_shadow *s)
+{
+	return !s->qpid || s->qpid == sdp_pid;   /* not a forked child's copy */
+}
+
+static void proxy_take(struct ep_shadow *s, struct ep_queue *x)
+{
+	if (!x->proxy && !x->dead && set_ours(s))
+		x->proxy = x->ops->q_sleep(x->q, +1);
+}
+
+static void proxy_drop(struct ep_shadow *s, struct ep_queue *x)
+{
+	if (x->proxy && set_ours(s))
+		x->ops->q_sleep(x->q, -1);
+	x->proxy = false;
+}
+
 static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 {
 	if (s->qpid && s->qpid != sdp_pid)
@@ -125,8 +149,9 @@ static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 		atomic_store(&q_claim[Q_IDX(q)], NULL);
 		return 0;
 	}
-	s->qs[free_i] = (struct ep_queue){ .ops = o, .q = q, .fd = fd, .members = 1,
-					   .uncounted = s->nsleep > 0 || !s->counted };
+	s->qs[free_i] = (struct ep_queue){ .ops = o, .q = q, .fd = fd, .members = 1 };
+	if (s->nsleep > 0 || !s->counted)
+		proxy_take(s, &s->qs[free_i]);
 	s->qpid = sdp_pid;
 	return (uint8_t)(free_i + 1);
 }
@@ -151,6 +176,7 @@ static void queue_drop(struct ep_shadow *s, int i)
 	struct ep_queue *x = &s->qs[i];
 	if (!x->ops)
 		return;
+	proxy_drop(s, x);
 	if (!x->dead)
 		queue_unhold(s, x);
 	struct ep_shadow *me = s;
@@ -179,6 +205,7 @@ static void queue_dead(struct ep_shadow *s, int i)
 	struct ep_queue *x = &s->qs[i];
 	if (!x->ops || x->dead)
 		return;
+	proxy_drop(s, x);
 	x->dead = true;
 	queue_unhold(s, x);
 	s->full = true;                   /* its members: tokens, every scan */
@@ -233,14 +260,14 @@ bool ep_queues_sleep(struct ep_shadow *s, struct q_sleep *z)
 		struct ep_queue *x = &s->qs[i];
 		if (!x->ops || x->dead)
 			continue;
-		if (s->nsleep == 1)
-			x->uncounted = false;     /* the only sleeper: counted now */
 		if (x->ops->q_sleep(x->q, +1)) {
 			/* Held until queues_wake: the set may give the queue
 			 * up while we sleep. */
 			z->ops[z->n] = x->ops;
 			z->q[z->n++] = x->q;
 		}
+		if (s->nsleep == 1)
+			proxy_drop(s, x);            /* the only sleeper, counted now */
 		if (ep_queue_take(s, i) > 0)
 			news = true;
 	}
@@ -257,19 +284,19 @@ void ep_queues_wake(struct ep_shadow *s, struct q_sleep *z)
 	if (--s->nsleep == 0 && s->counted)
 		/* No sleeper left: the next counts itself on every queue. */
 		for (int i = 0; i < EP_QMAX; i++)
-			s->qs[i].uncounted = false;
+			proxy_drop(s, &s->qs[i]);
 	pthread_mutex_unlock(&s->lock);
 }
 
 /* A wait of the set goes to the kernel without the shadow (no members):
- * it counts on no queue until it wakes. */
+ * it counts itself on no queue. */
 void ep_raw_sleep(struct ep_shadow *s)
 {
 	pthread_mutex_lock(&s->lock);
 	s->counted = false;
-	for (int i = 0; i < EP_QMAX; i++)
+	for (int i = 0; ep_queues_ours(s) && i < EP_QMAX; i++)
 		if (s->qs[i].ops)
-			s->qs[i].uncounted = true;
+			proxy_take(s, &s->qs[i]);
 	pthread_mutex_unlock(&s->lock);
 }
 
@@ -671,20 +698,12 @@ static int ctl_plain(struct ep_shadow *s, int epfd, int op, int fd,
 /* Ask member e's peer for a kick: through the set's queue if it has one
  * (no system call on either side while we are awake), else a token on its
  * socket. Called locked. */
-void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed, bool self)
+void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed)
 {
-	if (e->q1 && ep_queues_ours(s) && !s->qs[e->q1 - 1].dead) {
+	if (e->q1 && ep_queues_ours(s) && !s->qs[e->q1 - 1].dead)
 		sdp_arm_q(e->c, e->fd, e->events, owed);
-		/* A waiter asleep and not counted on this queue (another
-		 * thread's epoll_ctl gave the set the queue meanwhile) gets
-		 * no bell from its kicks. The member's socket is in the
-		 * kernel set: a token wakes that waiter. A caller that waits
-		 * itself counts before it sleeps; others may sleep already. */
-		if (s->qs[e->q1 - 1].uncounted && (!self || s->nsleep > 0))
-			sdp_arm(e->c, e->fd, e->events);
-	} else {
+	else
 		sdp_arm(e->c, e->fd, e->events);
-	}
 }
 
 /*
@@ -755,7 +774,7 @@ void epoll_adopt(int fd, struct sdp_conn *c)
 				e->rep = fab_clock();
 				e->q1 = queue_for(s, c);
 				key_map(s, i);
-				ep_arm(s, e, false, false);     /* as in epoll_ctl */
+				ep_arm(s, e, false);     /* as in epoll_ctl */
 				ep_note_check(s, i);
 			} else {
 				ep_remove_at(s, i);
@@ -915,7 +934,7 @@ EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 			 * drain it. A queue member's owed tokens go out from
 			 * arm_all every SDP_CHECK_MS (a token member's before
 			 * every sleep, in sdp_arm). */
-			ep_arm(s, e, false, false);
+			ep_arm(s, e, false);
 			ep_note_check(s, (int)(e - s->v));   /* ready already? */
 		}
 	}

@@ -38,12 +38,11 @@ struct ep_queue {
 	int fd;                       /* its descriptor, in the kernel set */
 	int members;                  /* entries of the set on it */
 	bool dead;                    /* gone: its members use tokens */
-	bool uncounted;               /* a waiter asleep on the set may not be
-				       * counted on it (it was claimed during
-				       * that sleep, or while a wait of the set
+	bool proxy;                   /* we count one sleeper on it for waiters
+				       * that may sleep uncounted on it (it was
+				       * taken during their sleep, or a wait
 				       * went to the kernel without the shadow):
-				       * a kick would ring no bell for it, so
-				       * members are armed on tokens too (ep_arm) */
+				       * kicks ring its bell, in the kernel set */
 };
 
 struct ep_ent {
@@ -164,9 +163,7 @@ bool ep_by_news(const struct ep_shadow *s, const struct ep_ent *e);
 void ep_note_check(struct ep_shadow *s, int i);      /* the next scan looks */
 void ep_remove_at(struct ep_shadow *s, int i);
 void ep_unpark(struct ep_shadow *s, int i);
-/* self: the caller waits on the set and counts itself on its queues
- * before it sleeps (a scan's look, arm_all); else epoll_ctl's arm. */
-void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed, bool self);
+void ep_arm(struct ep_shadow *s, struct ep_ent *e, bool owed);
 void ep_raw_sleep(struct ep_shadow *s);
 void ep_wait_fd_ctl(int epfd, int op, int fd, struct sdp_conn *c);
 uint64_t ep_arrived(struct sdp_conn *c);

@@ -149,7 +149,7 @@ static uint64_t look(struct ep_shadow *s, int i, uint64_t now, int *nc)
 		 * got data unseen while another got news later would be
 		 * served after it (order, ARCHITECTURE 7). Then look again:
 		 * the data may have come before the arm. */
-		ep_arm(s, e, false, true);
+		ep_arm(s, e, false);
 		e->looked = false;
 		ev = ent_events(s, e, k);
 	}
@@ -347,14 +347,14 @@ static bool arm_all(struct ep_shadow *s)
 				/* Looked at, its data may have come while
 				 * it was not armed: the scan after the arms
 				 * looks again. */
-				ep_arm(s, e, owed, true);
+				ep_arm(s, e, owed);
 				ep_note_check(s, i);
 			}
 			e->looked = false;
 			continue;
 		}
 		if (!e->disabled)
-			ep_arm(s, e, owed, true);
+			ep_arm(s, e, owed);
 		e->watching = sdp_watch(e->c);
 		if (!e->watching)
 			shared = true;
