@@ -4,8 +4,6 @@
  */
 #include <fcntl.h>
 #include <sched.h>
-#include <stdlib.h>
-#include <string.h>
 #include <unistd.h>
 
 #include "sdp/conn.h"
@@ -132,21 +130,16 @@ static bool cpu_wanted_elsewhere(uint64_t now)
 	ssize_t r = fd >= 0 ? sys_read(fd, buf, sizeof buf - 1) : -1;
 	if (fd >= 0)
 		sys_close(fd);
-	const char *f = NULL;
+	int n = -1;
 	if (r > 0) {
 		buf[r] = 0;
-		/* "0.52 0.58 0.59 3/765 4242": the fourth field */
-		f = buf;
-		for (int i = 0; i < 3 && f; i++) {
-			f = strchr(f, ' ');
-			f = f ? f + 1 : NULL;
-		}
+		n = sdp_loadavg_runnable(buf);
 	}
-	if (!f) {
+	if (n < 0) {
 		atomic_store(&wanted, -1);
 		return false;
 	}
-	w = atoi(f) > ncpus;
+	w = n > ncpus;
 	atomic_store_explicit(&wanted, w, memory_order_relaxed);
 	return w;
 }

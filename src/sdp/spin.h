@@ -93,6 +93,23 @@ void     sdp_spin_result(_Atomic uint32_t *cur, uint32_t max, bool hit, bool con
 /* The budget a new connection starts with: where this process's spins
  * have lately brought theirs (at most max). */
 uint32_t sdp_spin_initial(uint32_t max);
+/* The runnable count of a /proc/loadavg line ("0.52 0.58 0.59 3/765 4242":
+ * the number before the '/'), or -1 if the line is not of that form. */
+static inline int sdp_loadavg_runnable(const char *s)
+{
+	for (int field = 0; field < 3; field++) {
+		while (*s && *s != ' ')
+			s++;
+		if (*s++ != ' ')
+			return -1;
+	}
+	long n = 0;
+	const char *d = s;
+	while (*s >= '0' && *s <= '9' && n < 1000000000)
+		n = n * 10 + (*s++ - '0');
+	return s > d && *s == '/' ? (int)n : -1;
+}
+
 /* sched_yield that says whether it ran another task (the CPU is wanted). */
 bool     sdp_yield(void);
 /* Did this thread's last spin find its CPU wanted? (Then a wait that has
