@@ -2,6 +2,7 @@
  * spin.c - busy-polling (spin.h): the steps of a spin, its adaptive
  * budget, and the yield that tells whether the CPU is wanted.
  */
+#include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <unistd.h>
@@ -109,7 +110,7 @@ void sdp_spin_start(struct sdp_spin *s, uint32_t us, uint64_t deadline,
 
 static _Atomic uint64_t wanted_at;       /* sdp_now_ns() of the last read */
 static _Atomic int wanted;               /* its answer: 1 wanted, 0 not, -1 no file */
-static int ncpus;
+static _Atomic int ncpus;                /* CPUs online (the count is system-wide) */
 
 static bool cpu_wanted_elsewhere(uint64_t now)
 {
@@ -119,27 +120,33 @@ static bool cpu_wanted_elsewhere(uint64_t now)
 		return w > 0;
 	if (!atomic_compare_exchange_strong(&wanted_at, &at, now))
 		return w > 0;                 /* another thread reads it */
-	if (!ncpus) {
-		cpu_set_t set;
-		int n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+	int cpus = atomic_load_explicit(&ncpus, memory_order_relaxed);
+	if (!cpus) {
 		long on = sysconf(_SC_NPROCESSORS_ONLN);
-		ncpus = on > n ? (int)on : n > 0 ? n : 1;
+		cpus = on > 0 && on < 1 << 20 ? (int)on : 1;
+		atomic_store_explicit(&ncpus, cpus, memory_order_relaxed);
 	}
 	char buf[128];
 	int fd = sys_open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
-	ssize_t r = fd >= 0 ? sys_read(fd, buf, sizeof buf - 1) : -1;
-	if (fd >= 0)
-		sys_close(fd);
+	if (fd < 0) {
+		/* No such file (no /proc, another system): never again. Out
+		 * of descriptors, or interrupted: the last answer stands. */
+		if (errno == ENOENT || errno == EACCES || errno == EPERM || errno == ENOSYS)
+			atomic_store(&wanted, -1);
+		return w > 0;
+	}
+	ssize_t r = sys_read(fd, buf, sizeof buf - 1);
+	sys_close(fd);
 	int n = -1;
 	if (r > 0) {
 		buf[r] = 0;
 		n = sdp_loadavg_runnable(buf);
 	}
 	if (n < 0) {
-		atomic_store(&wanted, -1);
+		atomic_store(&wanted, -1);    /* not the format we read */
 		return false;
 	}
-	w = n > ncpus;
+	w = n > cpus;
 	atomic_store_explicit(&wanted, w, memory_order_relaxed);
 	return w;
 }

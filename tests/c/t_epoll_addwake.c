@@ -20,7 +20,6 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <sys/epoll.h>
-#include <sys/syscall.h>
 
 #define ROUNDS 8
 
@@ -33,29 +32,6 @@ struct conn {
 
 static int ep, done_w;
 static _Atomic pid_t worker_tid;
-
-/* A server process: echoes one connection until EOF. */
-static pid_t server(uint16_t *port)
-{
-	int l;
-	pid_t pid = tl_fork_listener(port, &l);
-	if (pid)
-		return pid;
-	tl_watchdog(30);
-	int c = SYS(accept(l, NULL, NULL));
-	close(l);
-	char buf[256];
-	for (;;) {
-		ssize_t r = recv(c, buf, sizeof buf, 0);
-		CHECK(r >= 0, "server: recv");
-		if (r == 0)
-			break;
-		tl_send_all(c, buf, (size_t)r);
-	}
-	close(c);
-	fflush(NULL);
-	_exit(0);
-}
 
 static void *worker(void *arg)
 {
@@ -86,36 +62,10 @@ static void *worker(void *arg)
 	}
 }
 
-/* The worker is blocked in the kernel (in epoll_wait, or its library's
- * sleep there). */
-static bool worker_blocked(void)
-{
-	char path[64], buf[128];
-	snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)atomic_load(&worker_tid));
-	int fd = SYS(open(path, O_RDONLY | O_CLOEXEC));
-	ssize_t r = read(fd, buf, sizeof buf - 1);
-	close(fd);
-	if (r <= 0)
-		return false;
-	buf[r] = 0;
-	long nr = strtol(buf, NULL, 10);
-	if (buf[0] < '0' || buf[0] > '9')
-		return false;
-#ifdef SYS_epoll_wait
-	if (nr == SYS_epoll_wait)
-		return true;
-#endif
-#ifdef SYS_epoll_pwait2
-	if (nr == SYS_epoll_pwait2)
-		return true;
-#endif
-	return nr == SYS_epoll_pwait;
-}
-
 static void wait_blocked(void)
 {
 	double t0 = tl_now();
-	while (!worker_blocked()) {
+	while (!tl_task_in_epoll_wait(atomic_load(&worker_tid))) {
 		CHECK(tl_now() - t0 < 10, "the worker never slept in epoll_wait");
 		sched_yield();
 	}
@@ -141,7 +91,7 @@ int main(void)
 	pid_t pids[ROUNDS];
 	for (int r = 0; r < ROUNDS; r++) {
 		uint16_t port;
-		pids[r] = server(&port);
+		pids[r] = tl_fork_echo_once(&port);
 		/* Rounds 0-3: the worker's set has no connection while it
 		 * sleeps (each round's connection is closed before the next);
 		 * rounds 4-7: the previous one stays in the set. */

@@ -45,30 +45,6 @@ static _Atomic uint64_t expect_echo;   /* what the next echo must be */
 static _Atomic uint32_t returns;       /* the waiter's epoll_wait returns */
 static _Atomic int quit;
 
-/* A server process: accepts one connection on its own listener and echoes
- * it until EOF. */
-static pid_t server(uint16_t *port)
-{
-	int l;
-	pid_t pid = tl_fork_listener(port, &l);
-	if (pid)
-		return pid;
-	tl_watchdog(30);
-	int c = SYS(accept(l, NULL, NULL));
-	close(l);
-	char buf[256];
-	for (;;) {
-		ssize_t r = recv(c, buf, sizeof buf, 0);
-		CHECK(r >= 0, "server: recv");
-		if (r == 0)
-			break;
-		tl_send_all(c, buf, (size_t)r);
-	}
-	close(c);
-	fflush(NULL);
-	_exit(0);
-}
-
 static uint64_t ping_of(uint64_t i) { return 0x5a5a000000000000ull ^ i * 0x9e3779b97f4a7c15ull; }
 
 static void ping(int fd, uint64_t i)
@@ -135,19 +111,6 @@ static long waiter_syscall(void)
 	return strtol(buf, NULL, 10);
 }
 
-static bool is_epoll_wait(long nr)
-{
-#ifdef SYS_epoll_wait
-	if (nr == SYS_epoll_wait)
-		return true;
-#endif
-#ifdef SYS_epoll_pwait2
-	if (nr == SYS_epoll_pwait2)
-		return true;
-#endif
-	return nr == SYS_epoll_pwait;
-}
-
 static bool is_sleep(long nr)
 {
 #ifdef SYS_nanosleep
@@ -187,7 +150,7 @@ int main(void)
 		uint16_t ports[BATCH];
 		int fds[BATCH];
 		for (int i = 0; i < BATCH; i++)
-			pids[i] = server(&ports[i]);
+			pids[i] = tl_fork_echo_once(&ports[i]);
 		for (int i = 0; i < BATCH; i++) {
 			fds[i] = tl_connect(AF_INET, ports[i]);
 			expect_transport(fds[i]);
@@ -207,20 +170,20 @@ int main(void)
 	/* A server is forked only while the waiter sleeps in the kernel (it
 	 * holds no lock of the library then) and while no connection of
 	 * ours is open (it would hold a copy). */
-	WAIT_FOR(is_epoll_wait(waiter_syscall()), "slept in epoll_wait");
+	WAIT_FOR(tl_task_in_epoll_wait(atomic_load(&waiter_tid)), "slept in epoll_wait");
 	uint16_t port;
-	pid_t next = server(&port);
+	pid_t next = tl_fork_echo_once(&port);
 	int prev = -1;
 	pid_t prev_pid = 0;
 	int windows = 0;
 	for (int r = 0; r < ROUNDS; r++) {
 		if (prev >= 0) {
 			/* Asleep with the connection's queue counted... */
-			WAIT_FOR(is_epoll_wait(waiter_syscall()), "slept in epoll_wait");
+			WAIT_FOR(tl_task_in_epoll_wait(atomic_load(&waiter_tid)), "slept in epoll_wait");
 			/* ...then nothing but the sleeper names its link. */
 			SYS(close(prev));
 			tl_wait_ok(prev_pid);
-			next = server(&port);
+			next = tl_fork_echo_once(&port);
 			uint32_t ret0 = atomic_load(&returns);
 			uint64_t one = 1;
 			SYS(write(evfd, &one, sizeof one));
@@ -245,11 +208,11 @@ int main(void)
 		prev = fd;
 		prev_pid = next;
 	}
-	WAIT_FOR(is_epoll_wait(waiter_syscall()), "slept in epoll_wait");
+	WAIT_FOR(tl_task_in_epoll_wait(atomic_load(&waiter_tid)), "slept in epoll_wait");
 	SYS(close(prev));
 	tl_wait_ok(prev_pid);
 	/* The last server: connect, echo, done. */
-	next = server(&port);
+	next = tl_fork_echo_once(&port);
 	int fd = tl_connect(AF_INET, port);
 	ping(fd, seq++);
 	SYS(close(fd));

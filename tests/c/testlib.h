@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/timerfd.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -584,6 +585,58 @@ static inline pid_t tl_fork_listener(uint16_t *port, int *l)
 		TL_FAIL("the server process did not report its port");
 	close(p[0]);
 	return pid;
+}
+
+/* A server process on a listener of its own that accepts one connection
+ * and echoes it until EOF (then exits 0); returns its pid, *port its port. */
+static inline pid_t tl_fork_echo_once(uint16_t *port)
+{
+	int l;
+	pid_t pid = tl_fork_listener(port, &l);
+	if (pid)
+		return pid;
+	tl_watchdog(30);
+	int c = accept(l, NULL, NULL);
+	if (c < 0)
+		TL_FAIL("echo server: accept");
+	close(l);
+	char buf[256];
+	for (;;) {
+		ssize_t r = recv(c, buf, sizeof buf, 0);
+		CHECK(r >= 0, "echo server: recv");
+		if (r == 0)
+			break;
+		tl_send_all(c, buf, (size_t)r);
+	}
+	close(c);
+	fflush(NULL);
+	_exit(0);
+}
+
+/* Is thread tid of this process blocked in epoll_wait (or epoll_pwait,
+ * epoll_pwait2) right now? From /proc/self/task/<tid>/syscall. */
+static inline bool tl_task_in_epoll_wait(pid_t tid)
+{
+	char path[64], buf[128];
+	snprintf(path, sizeof path, "/proc/self/task/%d/syscall", (int)tid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		TL_FAIL("open %s", path);
+	ssize_t r = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (r <= 0 || buf[0] < '0' || buf[0] > '9')
+		return false;           /* "running", or "-1 ..." */
+	buf[r] = 0;
+	long nr = strtol(buf, NULL, 10);
+#ifdef SYS_epoll_wait
+	if (nr == SYS_epoll_wait)
+		return true;
+#endif
+#ifdef SYS_epoll_pwait2
+	if (nr == SYS_epoll_pwait2)
+		return true;
+#endif
+	return nr == SYS_epoll_pwait;
 }
 
 /* Programs made of independent cases: each case runs in a child of its
