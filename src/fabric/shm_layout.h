@@ -75,10 +75,11 @@ struct shm_side {                 /* written only by its own side */
 				       * the socket's wait queue). Written by both */
 	_Atomic uint64_t tokens_sent; /* wake-up bytes written to the TCP socket */
 	_Atomic uint64_t tokens_rcvd; /* wake-up bytes of the peer's consumed */
-	_Atomic uint32_t arms;        /* arms made, a count (wraps): the peer
-				       * whose kick took one notes it, and an
-				       * arm gone while this stayed is its own
-				       * kick's, not a third party's (kick_owed) */
+	_Atomic uint32_t arms;        /* arms made less those withdrawn, a
+				       * count (wraps): the peer whose kick
+				       * took one notes it, and an arm gone
+				       * while this stayed is its own kick's,
+				       * not a third party's (kick_owed) */
 	char pad4[36];
 	struct sdp_zctl zc;           /* zero-copy control words (proto.h) */
 };

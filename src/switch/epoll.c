@@ -81,8 +81,6 @@ static void count_parked(struct ep_ent *e, bool parked)
  */
 static struct ep_shadow *_Atomic q_claim[256];
 
-/* The queue for a new member c of s, as 1 + its index in s->qs, or 0
- * (tokens). Called locked. */
 /* A waiter asleep on the set is counted only on the queues it counted
  * itself on before its sleep (ep_queues_sleep), a wait that went to the
  * kernel without the shadow on none: a kick on another queue would ring
@@ -107,6 +105,8 @@ static void proxy_drop(struct ep_shadow *s, struct ep_queue *x)
 	x->proxy = false;
 }
 
+/* The queue for a new member c of s, as 1 + its index in s->qs, or 0
+ * (tokens). Called locked. */
 static uint8_t queue_for(struct ep_shadow *s, struct sdp_conn *c)
 {
 	if (s->qpid && s->qpid != sdp_pid)

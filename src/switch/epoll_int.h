@@ -129,7 +129,8 @@ struct ep_shadow {
 	bool counted;                 /* every wait since the last full wake
 				       * went through the shadow (a wait while
 				       * the set had no members is the kernel's
-				       * own, counted on nothing: raw_wait) */
+				       * own, counted on nothing: raw_begin in
+				       * epoll_wait.c) */
 	uint32_t epoch;               /* local_changes at the last scan */
 	pid_t qpid;                   /* the process they belong to (a forked
 				       * child's copy of the set uses tokens) */
