@@ -40,6 +40,17 @@ def _loadavg() -> list[float] | None:
         return None
 
 
+def _autogroup() -> bool | None:
+    """kernel.sched_autogroup_enabled: with it each session is a scheduling
+    group, and a spinner's sched_yield runs only its own group's tasks (the
+    data center's tiers run in separate sessions)."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as fh:
+            return fh.read().strip() == "1"
+    except OSError:
+        return None
+
+
 def describe() -> dict:
     return {
         "hostname": socket.gethostname(),
@@ -53,4 +64,5 @@ def describe() -> dict:
         "python": platform.python_version(),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "loadavg_at_start": _loadavg(),
+        "sched_autogroup": _autogroup(),
     }

@@ -213,7 +213,7 @@ def write_report(doc: dict, exps: list[Experiment], outdir: str, pngs: dict) -> 
           ""]
     L += ["## Machine", "", "| | |", "|---|---|"]
     for k in ("hostname", "cpu_vendor", "cpu_model", "cores", "cpus_allowed", "memory_gib", "kernel", "os",
-              "python", "date", "loadavg_at_start"):
+              "python", "date", "loadavg_at_start", "sched_autogroup"):
         L.append(f"| {k} | {m.get(k)} |")
     L += ["", "## Configurations", "", "| config | what | available |", "|---|---|---|"]
     for c in doc["configs"]:
