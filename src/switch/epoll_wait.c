@@ -470,10 +470,11 @@ static int kernel_wait(int epfd, struct epoll_event *ev, int max,
 }
 
 /* A set with SDP members, or NULL: the application's own call then goes to
- * the kernel as it is. */
-static struct ep_shadow *members(int epfd)
+ * the kernel as it is. *shadow: the set's shadow either way (NULL: none). */
+static struct ep_shadow *members(int epfd, struct ep_shadow **shadow)
 {
 	struct ep_shadow *s = ep_shadow_of(epfd, false);
+	*shadow = s;
 	return s && s->n != s->npending ? s : NULL;
 }
 
@@ -648,11 +649,11 @@ static int held_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_
  * and a wait they alone ended goes on as a wait with members for the rest
  * of its time. The queues it counted on nothing (ep_raw_sleep).
  */
-static void raw_begin(int epfd)
+static uint64_t raw_begin(struct ep_shadow *shadow, int64_t timeout_ns)
 {
-	struct ep_shadow *s = ep_shadow_of(epfd, false);
-	if (s)
-		ep_raw_sleep(s);
+	if (shadow)
+		ep_raw_sleep(shadow);
+	return timeout_ns > 0 ? sdp_now_ns() : 0;  /* raw_end's start */
 }
 
 static int raw_end(int epfd, struct epoll_event *ev, int max, int r, uint64_t start,
@@ -688,13 +689,12 @@ static int raw_end(int epfd, struct epoll_event *ev, int max, int r, uint64_t st
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	SDP_INIT();
-	struct ep_shadow *s = members(epfd);
+	struct ep_shadow *shadow, *s = members(epfd, &shadow);
 	int64_t to = timeout < 0 ? -1 : (int64_t)timeout * 1000000;
 	if (!s && held(timeout))
 		return held_wait(epfd, ev, max, to, NULL);
 	if (!s) {
-		uint64_t t0 = sdp_now_ns();
-		raw_begin(epfd);
+		uint64_t t0 = raw_begin(shadow, to);
 		int r = real_epoll_wait(epfd, ev, max, timeout);
 		return raw_end(epfd, ev, max, r, t0, to, NULL);
 	}
@@ -705,13 +705,12 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout,
 		       const sigset_t *mask)
 {
 	SDP_INIT();
-	struct ep_shadow *s = members(epfd);
+	struct ep_shadow *shadow, *s = members(epfd, &shadow);
 	int64_t to = timeout < 0 ? -1 : (int64_t)timeout * 1000000;
 	if (!s && held(timeout))
 		return held_wait(epfd, ev, max, to, mask);
 	if (!s) {
-		uint64_t t0 = sdp_now_ns();
-		raw_begin(epfd);
+		uint64_t t0 = raw_begin(shadow, to);
 		int r = real_epoll_pwait(epfd, ev, max, timeout, mask);
 		return raw_end(epfd, ev, max, r, t0, to, mask);
 	}
@@ -722,7 +721,7 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 			const struct timespec *t, const sigset_t *mask)
 {
 	SDP_INIT();
-	struct ep_shadow *s = members(epfd);
+	struct ep_shadow *shadow, *s = members(epfd, &shadow);
 	int64_t to = t ? (int64_t)t->tv_sec * 1000000000 + t->tv_nsec : -1;
 	if (!s && real_epoll_pwait2 && held(to))
 		return held_wait(epfd, ev, max, to, mask);
@@ -731,8 +730,7 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 			errno = ENOSYS;           /* a libc without it */
 			return -1;
 		}
-		uint64_t t0 = sdp_now_ns();
-		raw_begin(epfd);
+		uint64_t t0 = raw_begin(shadow, to);
 		int r = real_epoll_pwait2(epfd, ev, max, t, mask);
 		return raw_end(epfd, ev, max, r, t0, to, mask);
 	}
